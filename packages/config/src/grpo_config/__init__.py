@@ -1,0 +1,5 @@
+"""grpo_config."""
+
+from grpo_config.version import __version__
+
+__all__ = ["__version__"]

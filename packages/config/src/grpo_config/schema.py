@@ -1,0 +1,191 @@
+"""The typed configuration tree. Every field has a default; `None` on a `ref.*` field means
+"inherit from actor" and is resolved by `grpo_config.load` (see `inherit.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+DeviceName = Literal["auto", "cuda", "npu", "cpu"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLType = Literal["k1", "abs", "k2", "k3", "low_var_kl", "k3+"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceConfig:
+    kind: DeviceName = "auto"
+    nnodes: int = 1
+    devices_per_node: int = 1
+    expandable_segments: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """Model parallel sizes; data parallel is what is left of the world size."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    etp: int = 1
+    cp: int = 1
+    vpp: int | None = None
+    sequence_parallel: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    train_batch_size: int = 8
+    val_batch_size: int | None = None
+    shuffle: bool = True
+    seed: int = 1
+    # What to do with a prompt longer than max_prompt_length.
+    overlong_prompts: Literal["filter", "truncate_left", "truncate_right", "error"] = "filter"
+    apply_chat_template: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronConfig:
+    """Megatron-Core options passed to the Megatron-Bridge provider."""
+
+    bridge: Literal["megatron-bridge"] = "megatron-bridge"
+    use_distributed_optimizer: bool = True
+    optimizer_offload_fraction: float = 0.0
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    use_dist_checkpointing: bool = False
+    transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_num_layers: int | None = None
+    moe_grouped_gemm: bool = True
+    moe_permute_fusion: bool = True
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float = 0.0
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"] = "aux_loss"
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] = "auto"
+    apply_rope_fusion: bool = True
+    gradient_accumulation_fusion: bool = False
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorConfig:
+    model_path: str = ""
+    backend: Literal["torch", "megatron"] = "torch"
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    lr: float = 1e-6
+    lr_warmup_steps: int = 0
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    ppo_mini_batch_size: int = 8
+    ppo_micro_batch_size_per_device: int = 1
+    ppo_max_token_len_per_device: int = 16384
+    use_dynamic_bsz: bool = False
+    ppo_epochs: int = 1
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: LossAggMode = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = True
+    kl_loss_coef: float = 0.001
+    kl_loss_type: KLType = "low_var_kl"
+    use_remove_padding: bool = True
+    log_prob_micro_batch_size_per_device: int = 4
+    gradient_checkpointing: bool = False
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefConfig:
+    """Reference policy. Every `None` inherits the actor's value (and `parallel` the root one)."""
+
+    model_path: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    use_remove_padding: bool | None = None
+    log_prob_micro_batch_size_per_device: int | None = None
+    parallel: ParallelConfig | None = None
+    megatron: MegatronConfig | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    engine: Literal["hf", "vllm"] = "vllm"
+    n: int = 5
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int | None = None  # None -> data.max_response_length
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.6
+    enforce_eager: bool = False
+    max_model_len: int | None = None
+    max_num_batched_tokens: int = 8192
+    free_cache_engine: bool = True
+    weight_sync_bucket_mb: int = 512
+    val_n: int = 1
+    val_temperature: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig:
+    adv_estimator: Literal["grpo"] = "grpo"
+    norm_adv_by_std: bool = True
+    adv_eps: float = 1e-6
+    use_kl_in_reward: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    custom_fn: str | None = None  # "package.module:function", loaded only when set explicitly
+    timeout_s: float = 10.0
+    num_workers: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    dir: str = "checkpoints"
+    save_freq: int = -1  # -1: only at the end
+    max_to_keep: int | None = None
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    resume: str = "auto"  # auto | none | a checkpoint path
+    strict: bool = True
+    export_hf: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    dir: str = "runs"
+    console: bool = True
+    jsonl: bool = True
+    tensorboard: bool = True
+    plot: bool = True
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    project_name: str = "grpo"
+    experiment_name: str = "default"
+    seed: int = 42
+    total_epochs: int = 1
+    total_training_steps: int | None = None
+    test_freq: int = -1
+    val_before_train: bool = False
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
