@@ -1,5 +1,48 @@
-"""grpo_config."""
+"""grpo_config: typed, validated configuration for grpo.
 
+`load(yaml_path | mapping, overrides)` -> a frozen `TrainerConfig` with ref inheritance resolved
+and cross-field checks passed; `to_dict` / `to_yaml` go back. See the package README.
+"""
+
+from grpo_config.errors import ConfigError
+from grpo_config.inherit import resolve_ref
+from grpo_config.loader import load
+from grpo_config.schema import (
+    ActorConfig,
+    AlgorithmConfig,
+    CheckpointConfig,
+    DataConfig,
+    DeviceConfig,
+    LoggingConfig,
+    MegatronConfig,
+    ParallelConfig,
+    RefConfig,
+    RewardConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
+from grpo_config.serialize import to_dict, to_yaml
+from grpo_config.validate import validate
 from grpo_config.version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "ActorConfig",
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "DeviceConfig",
+    "LoggingConfig",
+    "MegatronConfig",
+    "ParallelConfig",
+    "RefConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "TrainerConfig",
+    "__version__",
+    "load",
+    "resolve_ref",
+    "to_dict",
+    "to_yaml",
+    "validate",
+]

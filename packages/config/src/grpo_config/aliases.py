@@ -1,0 +1,154 @@
+"""verl-style keys our users' seed scripts use, mapped to grpo_config keys: one line per alias.
+
+A key that starts with an alias followed by "." maps the rest along, so
+`actor_rollout_ref.actor.megatron.override_transformer_config.X` -> `actor.megatron.override_transformer_config.X`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import structlog
+
+from grpo_config.errors import ConfigError
+
+log = structlog.get_logger()
+
+_A = "actor_rollout_ref.actor"
+_R = "actor_rollout_ref.ref"
+_RO = "actor_rollout_ref.rollout"
+
+ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "actor_rollout_ref.model.path": "actor.model_path",
+        "actor_rollout_ref.model.use_remove_padding": "actor.use_remove_padding",
+        "actor_rollout_ref.model.enable_gradient_checkpointing": "actor.gradient_checkpointing",
+        f"{_A}.strategy": "actor.backend",
+        f"{_A}.optim.lr": "actor.lr",
+        f"{_A}.optim.lr_warmup_steps": "actor.lr_warmup_steps",
+        f"{_A}.optim.weight_decay": "actor.weight_decay",
+        f"{_A}.optim.clip_grad": "actor.grad_clip",
+        f"{_A}.optim.override_optimizer_config.optimizer_offload_fraction": "actor.megatron.optimizer_offload_fraction",
+        f"{_A}.grad_clip": "actor.grad_clip",
+        f"{_A}.ppo_mini_batch_size": "actor.ppo_mini_batch_size",
+        f"{_A}.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size_per_device",
+        f"{_A}.ppo_max_token_len_per_gpu": "actor.ppo_max_token_len_per_device",
+        f"{_A}.use_dynamic_bsz": "actor.use_dynamic_bsz",
+        f"{_A}.ppo_epochs": "actor.ppo_epochs",
+        f"{_A}.use_kl_loss": "actor.use_kl_loss",
+        f"{_A}.kl_loss_coef": "actor.kl_loss_coef",
+        f"{_A}.kl_loss_type": "actor.kl_loss_type",
+        f"{_A}.entropy_coeff": "actor.entropy_coeff",
+        f"{_A}.clip_ratio_low": "actor.clip_ratio_low",
+        f"{_A}.clip_ratio_high": "actor.clip_ratio_high",
+        f"{_A}.clip_ratio_c": "actor.clip_ratio_c",
+        f"{_A}.loss_agg_mode": "actor.loss_agg_mode",
+        f"{_A}.checkpoint.strict": "checkpoint.strict",
+        f"{_A}.checkpoint.save_contents": "checkpoint.save_contents",
+        f"{_A}.megatron.tensor_model_parallel_size": "parallel.tp",
+        f"{_A}.megatron.pipeline_model_parallel_size": "parallel.pp",
+        f"{_A}.megatron.expert_model_parallel_size": "parallel.ep",
+        f"{_A}.megatron.expert_tensor_parallel_size": "parallel.etp",
+        f"{_A}.megatron.context_parallel_size": "parallel.cp",
+        f"{_A}.megatron.virtual_pipeline_model_parallel_size": "parallel.vpp",
+        f"{_A}.megatron.sequence_parallel": "parallel.sequence_parallel",
+        f"{_A}.megatron.param_offload": "actor.megatron.param_offload",
+        f"{_A}.megatron.grad_offload": "actor.megatron.grad_offload",
+        f"{_A}.megatron.optimizer_offload": "actor.megatron.optimizer_offload",
+        f"{_A}.megatron.use_dist_checkpointing": "actor.megatron.use_dist_checkpointing",
+        f"{_A}.megatron.use_distributed_optimizer": "actor.megatron.use_distributed_optimizer",
+        f"{_A}.megatron.override_transformer_config": "actor.megatron.override_transformer_config",
+        f"{_R}.log_prob_micro_batch_size_per_gpu": "ref.log_prob_micro_batch_size_per_device",
+        f"{_R}.megatron.tensor_model_parallel_size": "ref.parallel.tp",
+        f"{_R}.megatron.pipeline_model_parallel_size": "ref.parallel.pp",
+        f"{_R}.megatron.expert_model_parallel_size": "ref.parallel.ep",
+        f"{_R}.megatron.expert_tensor_parallel_size": "ref.parallel.etp",
+        f"{_R}.megatron.context_parallel_size": "ref.parallel.cp",
+        f"{_R}.megatron.virtual_pipeline_model_parallel_size": "ref.parallel.vpp",
+        f"{_R}.megatron.sequence_parallel": "ref.parallel.sequence_parallel",
+        f"{_R}.megatron.param_offload": "ref.megatron.param_offload",
+        f"{_R}.megatron.use_dist_checkpointing": "ref.megatron.use_dist_checkpointing",
+        f"{_R}.megatron.override_transformer_config": "ref.megatron.override_transformer_config",
+        f"{_RO}.name": "rollout.engine",
+        f"{_RO}.n": "rollout.n",
+        f"{_RO}.temperature": "rollout.temperature",
+        f"{_RO}.top_p": "rollout.top_p",
+        f"{_RO}.top_k": "rollout.top_k",
+        f"{_RO}.tensor_model_parallel_size": "rollout.tensor_parallel_size",
+        f"{_RO}.gpu_memory_utilization": "rollout.gpu_memory_utilization",
+        f"{_RO}.enforce_eager": "rollout.enforce_eager",
+        f"{_RO}.free_cache_engine": "rollout.free_cache_engine",
+        f"{_RO}.max_model_len": "rollout.max_model_len",
+        f"{_RO}.max_num_batched_tokens": "rollout.max_num_batched_tokens",
+        f"{_RO}.log_prob_micro_batch_size_per_gpu": "actor.log_prob_micro_batch_size_per_device",
+        f"{_RO}.val_kwargs.n": "rollout.val_n",
+        f"{_RO}.val_kwargs.temperature": "rollout.val_temperature",
+        "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std",
+        "trainer.nnodes": "device.nnodes",
+        "trainer.n_gpus_per_node": "device.devices_per_node",
+        "trainer.device": "device.kind",
+        "trainer.save_freq": "checkpoint.save_freq",
+        "trainer.default_local_dir": "checkpoint.dir",
+        "trainer.max_actor_ckpt_to_keep": "checkpoint.max_to_keep",
+        "trainer.test_freq": "test_freq",
+        "trainer.total_epochs": "total_epochs",
+        "trainer.total_training_steps": "total_training_steps",
+        "trainer.val_before_train": "val_before_train",
+        "trainer.project_name": "project_name",
+        "trainer.experiment_name": "experiment_name",
+        "actor.checkpoint.strict": "checkpoint.strict",
+    }
+)
+
+# Keys choosing between mbridge and Megatron-Bridge: we always use Megatron-Bridge, so only the value
+# that says so is accepted (and dropped, with a deprecation warning).
+_BRIDGE_KEYS: Mapping[str, bool] = MappingProxyType(
+    {
+        f"{_A}.megatron.vanilla_mbridge": False,
+        f"{_A}.megatron.use_mbridge": True,
+        f"{_R}.megatron.vanilla_mbridge": False,
+        f"{_R}.megatron.use_mbridge": True,
+    }
+)
+
+# Roots that exist only as verl aliases: any key under them that is not an alias is unknown.
+ALIAS_ONLY_ROOTS = frozenset({"actor_rollout_ref", "trainer"})
+
+
+def is_bridge_key(key: str) -> bool:
+    return key in _BRIDGE_KEYS
+
+
+def check_bridge_key(key: str, value: bool) -> None:
+    """Accept the Megatron-Bridge choice with a deprecation warning; refuse mbridge."""
+    accepted = _BRIDGE_KEYS[key]
+    if value != accepted:
+        raise ConfigError(
+            f"'{key}={value}' asks for the mbridge package, which grpo does not support: models are "
+            f"always converted through Megatron-Bridge (actor.megatron.bridge='megatron-bridge'). "
+            f"Remove the key or set it to {accepted}.",
+            key=key,
+        )
+    log.warning(
+        "config.deprecated_key",
+        key=key,
+        value=value,
+        note="we always use Megatron-Bridge; this key has no effect, remove it",
+    )
+
+
+def resolve_alias(key: str) -> str | None:
+    """The grpo_config key for a verl-style `key`, or None when `key` is not an alias."""
+    if key in ALIASES:
+        return ALIASES[key]
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        target = ALIASES.get(".".join(parts[:cut]))
+        if target is not None:
+            return ".".join([target, *parts[cut:]])
+    return None
+
+
+def all_alias_keys() -> list[str]:
+    return [*ALIASES, *_BRIDGE_KEYS]

@@ -1,0 +1,74 @@
+"""Ref inherits the actor: every `None` in `RefConfig` is filled from the actor (`parallel` from the
+root), so the reference model cannot silently miss an actor setting (the 122B review bug: ref
+without use_remove_padding and the bridge settings).
+
+`load` resolves field by field: `ref.parallel.tp=4` keeps the other root parallel sizes, and
+`ref.megatron.param_offload=true` keeps every other actor Megatron option (mappings merge by key).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from grpo_config.build import build_section
+from grpo_config.schema import RefConfig, TrainerConfig
+
+# RefConfig field -> where its default comes from (the actor, or the root for `parallel`).
+INHERITED: Mapping[str, str] = {
+    "model_path": "actor.model_path",
+    "dtype": "actor.dtype",
+    "use_remove_padding": "actor.use_remove_padding",
+    "log_prob_micro_batch_size_per_device": "actor.log_prob_micro_batch_size_per_device",
+    "parallel": "parallel",
+    "megatron": "actor.megatron",
+}
+
+
+def _lookup(cfg: TrainerConfig, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def resolve_ref(cfg: TrainerConfig) -> TrainerConfig:
+    """`cfg` with every unset (`None`) ref field taken from the actor / root parallel."""
+    filled = {
+        name: _lookup(cfg, source) for name, source in INHERITED.items() if getattr(cfg.ref, name) is None
+    }
+    return dataclasses.replace(cfg, ref=dataclasses.replace(cfg.ref, **filled)) if filled else cfg
+
+
+def _deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _as_mapping(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value  # coercion reports it with the key
+        return parsed if isinstance(parsed, Mapping) else value
+    return value
+
+
+def build_ref(cfg: TrainerConfig, raw_ref: Mapping[str, Any]) -> TrainerConfig:
+    """`cfg` with `ref` built from the user's partial `raw_ref`, sections merged onto the actor's."""
+    raw = dict(raw_ref)
+    for name in ("parallel", "megatron"):
+        explicit = _as_mapping(raw.get(name))
+        if isinstance(explicit, Mapping):
+            raw[name] = _deep_merge(dataclasses.asdict(_lookup(cfg, INHERITED[name])), explicit)
+    ref = build_section(RefConfig, raw, "ref")
+    return resolve_ref(dataclasses.replace(cfg, ref=ref))
