@@ -1,0 +1,265 @@
+"""GRPO math: group advantages, the PPO clipped policy loss, loss aggregation, KL estimators and
+entropy. Pure torch, no I/O. Definitions follow verl's `core_algos` (noted where they differ).
+
+Shapes: `[B]` per sequence, `[B, T]` per response token; `response_mask` is 1 on trained tokens.
+
+How losses scale across micro-batches and data-parallel (DP) ranks
+------------------------------------------------------------------
+A mini-batch is split over `dp_size` ranks and, on each rank, into micro-batches whose losses are
+summed (gradient accumulation; `loss.backward()` per micro-batch, no extra division). DDP / FSDP
+then *average* gradients over ranks. For this to equal the gradient of the loss of the whole
+mini-batch computed in one piece, every micro-batch loss is normalised by the size of the whole
+mini-batch (all micro-batches on all ranks) and multiplied by `dp_size` (which cancels the
+average):
+
+    token-mean               sum_tokens(l)                          / global_batch_tokens * dp_size
+    seq-mean-token-sum       sum_seqs(sum_tokens(l))                / global_batch_seqs   * dp_size
+    seq-mean-token-mean      sum_seqs(mean_tokens(l))               / global_batch_seqs   * dp_size
+    seq-mean-token-sum-norm  sum_seqs(sum_tokens(l)) / scale_factor / global_batch_seqs   * dp_size
+
+`global_batch_tokens` counts the response tokens of the mini-batch; `global_batch_seqs` counts its
+sequences with at least one response token (`loss_denominators` computes both for one shard: sum
+them over micro-batches and all-reduce over ranks). `loss_scale_factor` defaults to the padded
+length `T` of the tensor; pass a constant (e.g. max_response_length) when micro-batches are padded
+to different lengths. The loss *values* obey the same rule, so "sum over micro-batches, mean over
+ranks" of a logged loss gives the full-batch value. With `dp_size == 1` and no global sizes, the
+local tensor is the whole batch and these are verl's single-batch definitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Literal
+
+import torch
+
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+KL_KINDS: tuple[str, ...] = ("k1", "abs", "k2", "k3", "low_var_kl", "k1+", "abs+", "k2+", "k3+", "low_var_kl+")
+LOG_RATIO_CLAMP = 20.0
+K3_CLAMP = 10.0
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO outcome advantage per response: `(r - mean_g) / (std_g + eps)` over the responses of
+    its group `g` (unbiased std), or `r - mean_g` when `norm_by_std` is false (Dr. GRPO).
+    A group of one response gets 0 (verl gives it `r / (1 + eps)`; it carries no comparison)."""
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    if len(group_ids) != rewards.shape[0]:
+        raise ValueError(f"got {len(group_ids)} group ids for {rewards.shape[0]} rewards; pass one id per response")
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=out_dtype, device=rewards.device)
+    dense: dict[Hashable, int] = {}
+    group = torch.tensor([dense.setdefault(g, len(dense)) for g in group_ids], device=rewards.device)
+    r = rewards.detach().to(torch.float64)
+    n_groups = len(dense)
+    count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(0, group, torch.ones_like(r))
+    mean = torch.zeros_like(count).index_add_(0, group, r) / count
+    centred = r - mean[group]
+    if norm_by_std:
+        sq = torch.zeros_like(count).index_add_(0, group, centred.square())
+        std = torch.sqrt(sq / (count - 1).clamp(min=1))
+        centred = centred / (std[group] + eps)
+    centred = torch.where(count[group] > 1, centred, torch.zeros_like(centred))
+    return centred.to(out_dtype)
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of `x * mask`; masked-out entries are ignored even when they are inf or NaN."""
+    weights = mask.to(x.dtype)
+    kept = torch.where(mask != 0, x, torch.zeros_like(x)) * weights
+    return kept.sum() if dim is None else kept.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `x` over entries where `mask` is set; 0 where nothing is set."""
+    count = mask.to(x.dtype).sum() if dim is None else mask.to(x.dtype).sum(dim=dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1e-8)
+
+
+def loss_denominators(response_mask: torch.Tensor) -> tuple[int, int]:
+    """(response tokens, sequences with at least one response token) of one shard of a batch:
+    add these up over micro-batches and ranks to get `global_batch_tokens` / `global_batch_seqs`."""
+    tokens_per_seq = (response_mask != 0).sum(dim=-1)
+    return int(tokens_per_seq.sum().item()), int((tokens_per_seq > 0).sum().item())
+
+
+def _check_global(value: float | int | torch.Tensor | None, *, name: str, dp_size: int) -> None:
+    if value is None:
+        if dp_size > 1:
+            raise ValueError(f"{name} is required when dp_size > 1 (dp_size={dp_size}); sum loss_denominators() over the mini-batch on every rank")
+        return
+    if float(value) <= 0:
+        raise ValueError(f"{name} must be positive, got {float(value)}")
+
+
+def aggregate_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    global_batch_tokens: float | int | torch.Tensor | None = None,
+    global_batch_seqs: float | int | torch.Tensor | None = None,
+    dp_size: int = 1,
+    loss_scale_factor: float | None = None,
+) -> torch.Tensor:
+    """Reduce a `[B, T]` per-token loss to a scalar (see the module docstring for the scaling)."""
+    if dp_size < 1:
+        raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    if loss_mat.shape != mask.shape:
+        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must have the same shape")
+    if mode == "token-mean":
+        _check_global(global_batch_tokens, name="global_batch_tokens", dp_size=dp_size)
+        denom = global_batch_tokens if global_batch_tokens is not None else mask.to(loss_mat.dtype).sum().clamp(min=1)
+        return masked_sum(loss_mat, mask) / denom * dp_size
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; use one of {list(LOSS_AGG_MODES)}")
+    _check_global(global_batch_seqs, name="global_batch_seqs", dp_size=dp_size)
+    tokens_per_seq = mask.to(loss_mat.dtype).sum(dim=-1)
+    seq_losses = masked_sum(loss_mat, mask, dim=-1)
+    if mode == "seq-mean-token-mean":
+        seq_losses = seq_losses / tokens_per_seq.clamp(min=1e-8)
+    has_tokens = tokens_per_seq > 0
+    denom = global_batch_seqs if global_batch_seqs is not None else has_tokens.sum().clamp(min=1)
+    loss = masked_sum(seq_losses, has_tokens) / denom * dp_size
+    if mode == "seq-mean-token-sum-norm":
+        scale = loss_scale_factor if loss_scale_factor is not None else loss_mat.shape[-1]
+        if scale <= 0:
+            raise ValueError(f"loss_scale_factor must be positive, got {scale}")
+        loss = loss / scale
+    return loss
+
+
+def policy_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+    global_batch_tokens: float | int | torch.Tensor | None = None,
+    global_batch_seqs: float | int | torch.Tensor | None = None,
+    dp_size: int = 1,
+    loss_scale_factor: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate with dual clip (https://arxiv.org/abs/1912.09729), as verl's "vanilla"
+    policy loss. `advantages` is `[B]` (broadcast over tokens) or `[B, T]`. Returns the aggregated
+    loss and detached metrics of this shard: pg_clipfrac, pg_clipfrac_lower, ppo_kl."""
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
+    if not 0.0 <= clip_ratio_low <= 1.0 or clip_ratio_high < 0.0:
+        raise ValueError(f"need 0 <= clip_ratio_low <= 1 and clip_ratio_high >= 0, got {clip_ratio_low}, {clip_ratio_high}")
+    if log_probs.shape != old_log_probs.shape or log_probs.shape != response_mask.shape:
+        raise ValueError(
+            f"log_probs {tuple(log_probs.shape)}, old_log_probs {tuple(old_log_probs.shape)} and "
+            f"response_mask {tuple(response_mask.shape)} must all be [B, T]"
+        )
+    advantages = advantages.detach().to(log_probs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1).expand_as(log_probs)
+    elif advantages.shape != log_probs.shape:
+        raise ValueError(f"advantages must be [B] or [B, T], got {tuple(advantages.shape)}")
+
+    log_ratio = torch.clamp(log_probs - old_log_probs.detach(), min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clip_loss = torch.maximum(unclipped, clipped)
+    dual_bound = -advantages * clip_ratio_c
+    losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
+
+    loss = aggregate_loss(
+        losses,
+        response_mask,
+        loss_agg_mode,
+        global_batch_tokens=global_batch_tokens,
+        global_batch_seqs=global_batch_seqs,
+        dp_size=dp_size,
+        loss_scale_factor=loss_scale_factor,
+    )
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((clipped > unclipped).to(log_probs.dtype), response_mask),
+            "pg_clipfrac_lower": masked_mean(((clip_loss > dual_bound) & (advantages < 0)).to(log_probs.dtype), response_mask),
+            "ppo_kl": masked_mean(-log_ratio, response_mask),
+        }
+    return loss, metrics
+
+
+def _kl_forward(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
+    diff = log_probs - ref_log_probs
+    if kind == "k1":
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind == "k2":
+        return 0.5 * diff.square()
+    # k3 (Schulman's low-variance estimator): exp(ref - logp) - (ref - logp) - 1, clamped for stability.
+    neg = torch.clamp(-diff, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+    return torch.clamp(torch.exp(neg) - neg - 1.0, min=-K3_CLAMP, max=K3_CLAMP)
+
+
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL(pi || ref) estimate (http://joschu.net/blog/kl-approx.html). `low_var_kl` is `k3`.
+    A `+` suffix ("k3+") keeps the value of the estimator but takes the gradient of k2, which is
+    the unbiased KL gradient (straight-through)."""
+    if kind not in KL_KINDS:
+        raise ValueError(f"unknown KL estimator {kind!r}; use one of {list(KL_KINDS)}")
+    straight_through = kind.endswith("+")
+    base = kind.removesuffix("+")
+    base = "k3" if base == "low_var_kl" else base
+    value = _kl_forward(log_probs, ref_log_probs, base)
+    if not straight_through or base == "k2":
+        return value
+    k2 = _kl_forward(log_probs, ref_log_probs, "k2")
+    return k2 - k2.detach() + value.detach()
+
+
+def kl_loss(
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    kind: str,
+    loss_agg_mode: str = "token-mean",
+    global_batch_tokens: float | int | torch.Tensor | None = None,
+    global_batch_seqs: float | int | torch.Tensor | None = None,
+    dp_size: int = 1,
+    loss_scale_factor: float | None = None,
+) -> torch.Tensor:
+    """`kl_penalty` aggregated like the policy loss (same micro-batch / DP scaling)."""
+    return aggregate_loss(
+        kl_penalty(log_probs, ref_log_probs.detach(), kind),
+        response_mask,
+        loss_agg_mode,
+        global_batch_tokens=global_batch_tokens,
+        global_batch_seqs=global_batch_seqs,
+        dp_size=dp_size,
+        loss_scale_factor=loss_scale_factor,
+    )
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dim: `logsumexp(z) - sum(softmax(z) * z)`.
+    Entries of -inf (masked vocabulary) contribute 0."""
+    lse = torch.logsumexp(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    if torch.isneginf(logits).any():
+        logits = logits.masked_fill(torch.isneginf(logits), 0.0)
+    return lse - (probs * logits).sum(dim=-1)
