@@ -44,8 +44,8 @@ def ref_token_losses(lp, old, adv, mask, lo, hi, c):
             l1 = -a * r
             l2 = -a * min(max(r, 1 - lo), 1 + hi)
             lclip = max(l1, l2)
-            l = min(lclip, -a * c) if a < 0 else lclip
-            loss[b, t] = l
+            tok = min(lclip, -a * c) if a < 0 else lclip
+            loss[b, t] = tok
             if mask[b, t]:
                 n += 1
                 clipped_n += l2 > l1
@@ -92,7 +92,8 @@ def ref_entropy(row):
 def random_batch(seed, B=6, T=7):
     g = torch.Generator().manual_seed(seed)
     lp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
-    old = lp + (torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5) * 3.0  # ratios in [0.22, 4.5]: both clips hit
+    # ratios in [0.22, 4.5]: the PPO clip and the dual clip are both hit
+    old = lp + (torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5) * 3.0
     adv = torch.randn(B, generator=g, dtype=torch.float64)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.float64)
@@ -169,7 +170,9 @@ def test_policy_loss_hand_computed_single_tokens():
 
 def test_policy_loss_log_ratio_clamp():
     lp = torch.tensor([[100.0]])
-    loss, met = gm.policy_loss(lp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_ratio_low=0.2, clip_ratio_high=10.0)
+    loss, met = gm.policy_loss(
+        lp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_ratio_low=0.2, clip_ratio_high=10.0
+    )
     assert math.isfinite(loss.item())
     assert loss.item() == pytest.approx(-11.0)
     assert met["ppo_kl"].item() == pytest.approx(-20.0)
@@ -180,7 +183,9 @@ def test_policy_loss_log_ratio_clamp():
 def test_policy_loss_matches_reference(mode, seed):
     lp, old, adv, mask = random_batch(seed)
     lo, hi, c = 0.2, 0.28, 3.0
-    loss, met = gm.policy_loss(lp, old, adv, mask, clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=c, loss_agg_mode=mode)
+    loss, met = gm.policy_loss(
+        lp, old, adv, mask, clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=c, loss_agg_mode=mode
+    )
     adv2d = np.repeat(adv.numpy()[:, None], lp.shape[1], axis=1)
     ref_l, ref_m = ref_token_losses(lp.numpy(), old.numpy(), adv2d, mask.numpy(), lo, hi, c)
     assert loss.item() == pytest.approx(ref_agg(ref_l, mask.numpy(), mode), abs=1e-6)
@@ -200,7 +205,9 @@ def test_policy_loss_accepts_token_level_advantages():
 def test_policy_loss_gradient_at_ratio_one_is_minus_advantage_over_tokens():
     lp = torch.zeros(2, 3, requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    loss, _ = gm.policy_loss(lp, torch.zeros(2, 3), torch.tensor([1.0, -2.0]), mask, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    loss, _ = gm.policy_loss(
+        lp, torch.zeros(2, 3), torch.tensor([1.0, -2.0]), mask, clip_ratio_low=0.2, clip_ratio_high=0.2
+    )
     loss.backward()
     expected = -torch.tensor([[1.0, 1.0, 0.0], [-2.0, -2.0, -2.0]]) / 5
     torch.testing.assert_close(lp.grad, expected)
@@ -230,7 +237,9 @@ def test_aggregate_hand_computed():
     assert gm.aggregate_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
     assert gm.aggregate_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
     assert gm.aggregate_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx((6 + 4) / 2 / 3)
-    assert gm.aggregate_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=10).item() == pytest.approx(0.5)
+    assert gm.aggregate_loss(
+        loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=10
+    ).item() == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------- KL and entropy
@@ -279,7 +288,9 @@ def test_kl_loss_aggregates_and_rejects_unknown_kind():
     ref = torch.zeros(2, 2)
     mask = torch.tensor([[1, 1], [1, 0]])
     assert gm.kl_loss(lp, ref, mask, kind="k1").item() == pytest.approx(1.0)
-    assert gm.kl_loss(lp, ref, mask, kind="k2", loss_agg_mode="seq-mean-token-sum").item() == pytest.approx((0.5 + 2.0) / 2)
+    assert gm.kl_loss(lp, ref, mask, kind="k2", loss_agg_mode="seq-mean-token-sum").item() == pytest.approx(
+        (0.5 + 2.0) / 2
+    )
     with pytest.raises(ValueError, match="unknown KL estimator"):
         gm.kl_penalty(lp, ref, "k4")
 

@@ -30,7 +30,9 @@ def make_batch():
 
 def total_loss(w, feats, old, ref, adv, mask, mode, **scale):
     log_probs = -torch.nn.functional.softplus(feats @ w)  # a differentiable "policy"
-    pg, _ = gm.policy_loss(log_probs, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.3, loss_agg_mode=mode, **scale)
+    pg, _ = gm.policy_loss(
+        log_probs, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.3, loss_agg_mode=mode, **scale
+    )
     kl = gm.kl_loss(log_probs, ref, mask, kind="k3+", loss_agg_mode=mode, **scale)
     return pg + 0.1 * kl
 
@@ -56,7 +58,15 @@ def test_microbatch_and_dp_split_equals_full_batch(mode):
             idx = list(rows)
             width = int(mask[idx].sum(-1).max().clamp(min=1))  # trim padding per micro-batch
             parts = (feats[idx, :width], old[idx, :width], ref[idx, :width], adv[idx], mask[idx, :width])
-            loss = total_loss(w, *parts, mode, global_batch_tokens=tokens, global_batch_seqs=seqs, dp_size=dp, loss_scale_factor=T)
+            loss = total_loss(
+                w,
+                *parts,
+                mode,
+                global_batch_tokens=tokens,
+                global_batch_seqs=seqs,
+                dp_size=dp,
+                loss_scale_factor=T,
+            )
             grad += torch.autograd.grad(loss, w)[0]
             value += loss.item()
             naive += torch.autograd.grad(total_loss(w, *parts, mode, loss_scale_factor=T), w)[0] / len(rank)
@@ -76,5 +86,7 @@ def test_single_shard_with_global_sizes_equals_local_default():
     tokens, seqs = gm.loss_denominators(mask)
     for mode in gm.LOSS_AGG_MODES:
         local = total_loss(w, feats, old, ref, adv, mask, mode)
-        explicit = total_loss(w, feats, old, ref, adv, mask, mode, global_batch_tokens=tokens, global_batch_seqs=seqs)
+        explicit = total_loss(
+            w, feats, old, ref, adv, mask, mode, global_batch_tokens=tokens, global_batch_seqs=seqs
+        )
         assert local.item() == pytest.approx(explicit.item(), abs=1e-12), mode

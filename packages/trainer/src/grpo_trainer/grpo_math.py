@@ -40,7 +40,18 @@ LOSS_AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-KL_KINDS: tuple[str, ...] = ("k1", "abs", "k2", "k3", "low_var_kl", "k1+", "abs+", "k2+", "k3+", "low_var_kl+")
+KL_KINDS: tuple[str, ...] = (
+    "k1",
+    "abs",
+    "k2",
+    "k3",
+    "low_var_kl",
+    "k1+",
+    "abs+",
+    "k2+",
+    "k3+",
+    "low_var_kl+",
+)
 LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
 
@@ -58,7 +69,9 @@ def group_advantages(
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
     if len(group_ids) != rewards.shape[0]:
-        raise ValueError(f"got {len(group_ids)} group ids for {rewards.shape[0]} rewards; pass one id per response")
+        raise ValueError(
+            f"got {len(group_ids)} group ids for {rewards.shape[0]} rewards; pass one id per response"
+        )
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=out_dtype, device=rewards.device)
@@ -66,7 +79,9 @@ def group_advantages(
     group = torch.tensor([dense.setdefault(g, len(dense)) for g in group_ids], device=rewards.device)
     r = rewards.detach().to(torch.float64)
     n_groups = len(dense)
-    count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(0, group, torch.ones_like(r))
+    count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(
+        0, group, torch.ones_like(r)
+    )
     mean = torch.zeros_like(count).index_add_(0, group, r) / count
     centred = r - mean[group]
     if norm_by_std:
@@ -100,7 +115,9 @@ def loss_denominators(response_mask: torch.Tensor) -> tuple[int, int]:
 def _check_global(value: float | int | torch.Tensor | None, *, name: str, dp_size: int) -> None:
     if value is None:
         if dp_size > 1:
-            raise ValueError(f"{name} is required when dp_size > 1 (dp_size={dp_size}); sum loss_denominators() over the mini-batch on every rank")
+            raise ValueError(
+                f"{name} is required when dp_size > 1 (dp_size={dp_size}); sum loss_denominators() over the mini-batch on every rank"
+            )
         return
     if float(value) <= 0:
         raise ValueError(f"{name} must be positive, got {float(value)}")
@@ -120,10 +137,16 @@ def aggregate_loss(
     if dp_size < 1:
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")
     if loss_mat.shape != mask.shape:
-        raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must have the same shape")
+        raise ValueError(
+            f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must have the same shape"
+        )
     if mode == "token-mean":
         _check_global(global_batch_tokens, name="global_batch_tokens", dp_size=dp_size)
-        denom = global_batch_tokens if global_batch_tokens is not None else mask.to(loss_mat.dtype).sum().clamp(min=1)
+        denom = (
+            global_batch_tokens
+            if global_batch_tokens is not None
+            else mask.to(loss_mat.dtype).sum().clamp(min=1)
+        )
         return masked_sum(loss_mat, mask) / denom * dp_size
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; use one of {list(LOSS_AGG_MODES)}")
@@ -164,7 +187,9 @@ def policy_loss(
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
     if not 0.0 <= clip_ratio_low <= 1.0 or clip_ratio_high < 0.0:
-        raise ValueError(f"need 0 <= clip_ratio_low <= 1 and clip_ratio_high >= 0, got {clip_ratio_low}, {clip_ratio_high}")
+        raise ValueError(
+            f"need 0 <= clip_ratio_low <= 1 and clip_ratio_high >= 0, got {clip_ratio_low}, {clip_ratio_high}"
+        )
     if log_probs.shape != old_log_probs.shape or log_probs.shape != response_mask.shape:
         raise ValueError(
             f"log_probs {tuple(log_probs.shape)}, old_log_probs {tuple(old_log_probs.shape)} and "
@@ -196,7 +221,9 @@ def policy_loss(
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).to(log_probs.dtype), response_mask),
-            "pg_clipfrac_lower": masked_mean(((clip_loss > dual_bound) & (advantages < 0)).to(log_probs.dtype), response_mask),
+            "pg_clipfrac_lower": masked_mean(
+                ((clip_loss > dual_bound) & (advantages < 0)).to(log_probs.dtype), response_mask
+            ),
             "ppo_kl": masked_mean(-log_ratio, response_mask),
         }
     return loss, metrics
