@@ -1,0 +1,104 @@
+"""The command line every model launcher shares. A launcher package's `main` is one call:
+`run_launcher(PROFILE, argv)`.
+
+    grpo-launch-35b [--preset tiny|full] [--device gpu|npu|cpu] [--dry-run] [--output-dir DIR]
+                    [--log-level LEVEL] [-- dotted.key=value ...]
+
+Exit status: 0 done, 2 a user error (bad option, config error, missing model or data): one message
+on stderr, no traceback. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+from grpo_trainer.launch.dry_run import render_dry_run
+from grpo_trainer.launch.logging_setup import LOG_LEVELS, configure_logging
+from grpo_trainer.launch.plan import LaunchPlan, device_from_cli, plan_full, plan_tiny
+from grpo_trainer.launch.profile import DEVICE_KINDS, LaunchProfile
+from grpo_trainer.launch.steps import preflight_problems, run_common_steps
+
+log = structlog.get_logger()
+
+EXIT_USAGE = 2
+
+
+def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=profile.launcher,
+        description=(
+            f"GRPO on {profile.model_id} ({profile.dataset}). Environment: MODEL_PATH, TRAIN_FILES, "
+            "VAL_FILES, NNODES, DATA_DIR, DATA_SOURCE; DEVICE=gpu|npu|cpu overrides device detection."
+        ),
+        epilog="Dotted overrides go last, after `--`: e.g. -- actor_rollout_ref.actor.checkpoint.strict=False",
+    )
+    parser.add_argument("--preset", choices=("tiny", "full"), default="full", help="default: full")
+    parser.add_argument(
+        "--device", choices=tuple(DEVICE_KINDS), default=None, help="default: detected (DEVICE env honoured)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved launch and exit")
+    parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and logs go here")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    return parser
+
+
+def plan_launch(profile: LaunchProfile, args: argparse.Namespace) -> LaunchPlan:
+    if args.preset == "tiny":
+        return plan_tiny(
+            profile, device=args.device or "cpu", output_dir=args.output_dir, overrides=args.overrides
+        )
+    return plan_full(
+        profile,
+        device=device_from_cli(args.device, environ=os.environ, dry_run=args.dry_run),
+        output_dir=args.output_dir,
+        overrides=args.overrides,
+        environ=os.environ,
+    )
+
+
+def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> int:
+    args = build_parser(profile).parse_args(argv)
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        print(f"error: overrides are key=value pairs; got {' '.join(bad)}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(level=args.log_level)
+    try:
+        plan = plan_launch(profile, args)
+        if args.dry_run:
+            sys.stdout.write(render_dry_run(plan, environ=os.environ))
+            for problem in preflight_problems(plan):
+                log.warning("a real launch would stop here", problem=problem)
+            return 0
+        run_common_steps(plan)
+    except ValueError as exc:  # LaunchError, grpo_config.ConfigError and bad environment values
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _train(plan)
+
+
+def _train(plan: LaunchPlan) -> int:
+    from grpo_trainer import train  # torch, Ray and the engines: only once a run really starts
+
+    log.info(
+        "launch",
+        launcher=plan.launcher,
+        preset=plan.preset,
+        device=plan.device,
+        output_dir=str(plan.output_dir),
+    )
+    result = train(plan.config)
+    log.info("training finished", launcher=plan.launcher, result=_describe(result))
+    return 0
+
+
+def _describe(result: object) -> dict[str, str]:
+    fields = ("final_step", "metrics_path", "plot_path", "checkpoint_dir")
+    return {name: str(getattr(result, name)) for name in fields if hasattr(result, name)}

@@ -1,0 +1,75 @@
+"""Structured logging for command-line entry points. Libraries only call `structlog.get_logger()`;
+this module is the one place that configures structlog, and only launchers call it (once, at the edge).
+
+Logs go to stderr so that stdout stays clean for what a command prints (the dry-run YAML). The format
+follows the log stream: a pretty console on a terminal, one JSON object per line otherwise (CI, files,
+cluster log collectors). Standard-library loggers (Ray, transformers, vLLM) are routed through the
+same renderer so a JSON log stays parseable line by line.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import structlog
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+_HANDLER_NAME = "grpo-launch"
+
+
+def _shared_processors() -> list[Any]:
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+
+
+def configure_logging(*, level: str = "info", stream: TextIO | None = None, json: bool | None = None) -> bool:
+    """Configure structlog and the stdlib root logger. `json=None` picks JSON unless `stream` is a TTY.
+    Returns whether JSON lines were chosen."""
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level {level!r} is not one of {', '.join(LOG_LEVELS)}")
+    stream = sys.stderr if stream is None else stream
+    use_json = not _is_tty(stream) if json is None else json
+    renderer: Any
+    if use_json:
+        renderer = structlog.processors.JSONRenderer()
+        exc_processors: list[Any] = [structlog.processors.dict_tracebacks]
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=True)
+        exc_processors = []
+    numeric_level = logging.getLevelNamesMapping()[level.upper()]
+    structlog.configure(
+        processors=[*_shared_processors(), *exc_processors, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(stream)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*_shared_processors(), structlog.stdlib.add_logger_name],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                *exc_processors,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric_level)
+    return use_json
+
+
+def _is_tty(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())

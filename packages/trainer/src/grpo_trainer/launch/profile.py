@@ -1,0 +1,74 @@
+"""A launcher's model profile: what every device shares, plus what each device changes.
+
+A profile is plain data (nested dicts in `grpo_config` field names) so that a launcher package is a
+table of values and nothing else; `grpo_config.load` type-checks and validates it like any YAML.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# CLI device names -> `grpo_config.DeviceConfig.kind` / `grpo_device.DeviceKind` values.
+DEVICE_KINDS: Mapping[str, str] = {"gpu": "cuda", "npu": "npu", "cpu": "cpu"}
+
+
+def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """A new nested dict: `update` over `base`, recursing where both sides hold a mapping. Values are
+    deep-copied, so neither input is ever aliased by the result."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceDelta:
+    """What one device changes relative to the model's common profile: config values (nested, merged
+    over the common ones) and environment variables (merged over `grpo_device.EnvProfile`)."""
+
+    config: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchProfile:
+    """One model's launch recipe. `devices` is keyed by CLI device name ("gpu", "npu")."""
+
+    launcher: str  # the command name, e.g. "grpo-launch-35b"
+    model_id: str  # Hugging Face id, e.g. "Qwen/Qwen3.5-35B-A3B"
+    dataset: str  # a `grpo_trainer.launch.prepare_data` dataset name, e.g. "geo3k"
+    num_experts: int | None  # routed experts per MoE layer; checked against expert parallelism
+    common: Mapping[str, Any]
+    devices: Mapping[str, DeviceDelta]
+
+    def __post_init__(self) -> None:
+        unknown = set(self.devices) - (set(DEVICE_KINDS) - {"cpu"})
+        assert not unknown, f"{self.launcher}: device deltas for unknown devices {sorted(unknown)}"
+
+    @property
+    def model_name(self) -> str:
+        """The last part of the model id: the default model directory name."""
+        return self.model_id.rsplit("/", 1)[-1]
+
+    def supported_devices(self) -> list[str]:
+        return sorted(self.devices)
+
+    def config_for(self, device: str) -> dict[str, Any]:
+        """The common values with `device`'s delta merged over them (a fresh nested dict)."""
+        if device not in self.devices:
+            raise ValueError(
+                f"{self.launcher} has no full-size profile for device {device!r}; it supports "
+                f"{', '.join(self.supported_devices())}. Use --preset tiny to run on the CPU."
+            )
+        return deep_merge(self.common, self.devices[device].config)
+
+    def env_for(self, device: str) -> dict[str, str]:
+        """The environment variables `device`'s delta sets on top of the device's EnvProfile."""
+        delta = self.devices.get(device)
+        return dict(delta.env) if delta else {}

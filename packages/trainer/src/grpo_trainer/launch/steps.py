@@ -1,0 +1,90 @@
+"""Carry out a launch plan's common steps, the same for every device: check the model, prepare the
+data when it is missing from the default location, drop proxy variables, apply the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+import structlog
+
+import grpo_device
+from grpo_trainer.launch.errors import LaunchError
+from grpo_trainer.launch.plan import PROXY_VARS, DataPlan, LaunchPlan
+from grpo_trainer.launch.profile import DEVICE_KINDS
+
+log = structlog.get_logger()
+
+
+def model_problem(plan: LaunchPlan) -> str | None:
+    """Why the model path cannot be used, with how to fix it; None when it looks like an HF model."""
+    path = Path(plan.config.actor.model_path).expanduser()
+    if (path / "config.json").is_file():
+        return None
+    what = (
+        "does not exist" if not path.exists() else "has no config.json (not a Hugging Face model directory)"
+    )
+    return (
+        f"model path {path} {what}. Download the weights with `hf download {plan.model_id} "
+        f"--local-dir {path}`, or set MODEL_PATH to the directory that holds them."
+    )
+
+
+def data_problem(data: DataPlan, *, will_prepare: bool) -> str | None:
+    """Which data files are missing and how to build them; None when all exist (or will be built)."""
+    missing = [f for f in (*data.train_files, *data.val_files) if not Path(f).expanduser().is_file()]
+    if not missing or (will_prepare and data.prepare_if_missing):
+        return None
+    return (
+        f"data files missing: {', '.join(missing)}. Build them with `hatch run prepare-data --dataset "
+        f"{data.dataset} --out {data.directory}` (add `--source DIR` for a local copy of the dataset), "
+        "or set TRAIN_FILES and VAL_FILES to existing verl-format parquet files."
+    )
+
+
+def preflight_problems(plan: LaunchPlan) -> list[str]:
+    """What a real launch of `plan` would stop on (the tiny preset builds its own model and data)."""
+    if plan.preset == "tiny" or plan.data is None:
+        return []
+    problems = [model_problem(plan), data_problem(plan.data, will_prepare=True)]
+    return [p for p in problems if p]
+
+
+def ensure_data(data: DataPlan) -> None:
+    """Build the default data files when they are missing; user-given files must already exist."""
+    if data_problem(data, will_prepare=False) is None:
+        return
+    if not data.prepare_if_missing:
+        problem = data_problem(data, will_prepare=False)
+        assert problem is not None
+        raise LaunchError(problem)
+    from grpo_trainer.launch.prepare_data import prepare_dataset  # `python -m` runs that module too
+
+    log.info("preparing data", dataset=data.dataset, source=data.source, into=str(data.directory))
+    prepare_dataset(data.dataset, output_dir=data.directory, source=data.source)
+    problem = data_problem(data, will_prepare=False)
+    if problem is not None:
+        raise LaunchError(problem)
+
+
+def unset_proxies(environ: MutableMapping[str, str]) -> list[str]:
+    removed = [name for name in PROXY_VARS if environ.pop(name, None) is not None]
+    if removed:
+        log.info("proxy variables unset for the cluster traffic", names=removed)
+    return removed
+
+
+def run_common_steps(plan: LaunchPlan, *, environ: MutableMapping[str, str] | None = None) -> None:
+    """Every device, in order: model check, data, proxies, environment profile."""
+    environ = os.environ if environ is None else environ
+    if plan.preset == "full":
+        problem = model_problem(plan)
+        if problem:
+            raise LaunchError(problem)
+        assert plan.data is not None
+        ensure_data(plan.data)
+    unset_proxies(environ)
+    kind = grpo_device.DeviceKind(DEVICE_KINDS[plan.device])
+    profile = grpo_device.EnvProfile.for_device(kind).with_overrides(**plan.env)
+    profile.apply(environ=environ)
