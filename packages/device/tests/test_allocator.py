@@ -24,7 +24,13 @@ def test_cpu_is_a_logged_no_op_even_when_strict() -> None:
     with capture_logs() as logs:
         assert set_expandable_segments(True, kind="cpu", strict=True) is False
     assert logs == [
-        {"event": "expandable_segments_skipped", "log_level": "info", "device": "cpu", "requested": True, "reason": "cpu"}
+        {
+            "event": "expandable_segments_skipped",
+            "log_level": "info",
+            "device": "cpu",
+            "requested": True,
+            "reason": "cpu",
+        }
     ]
 
 

@@ -13,7 +13,9 @@ from grpo_device import DeviceKind, DeviceUnavailableError, InvalidDeviceError, 
 
 def test_bad_device_value_lists_the_valid_ones(no_npu, monkeypatch) -> None:
     monkeypatch.setenv("DEVICE", "tpu")
-    with pytest.raises(ValueError, match=r"DEVICE='tpu' is not a valid device; use one of cpu, cuda, gpu, npu") as err:
+    with pytest.raises(
+        ValueError, match=r"DEVICE='tpu' is not a valid device; use one of cpu, cuda, gpu, npu"
+    ) as err:
         detect()
     assert isinstance(err.value, InvalidDeviceError)
 
@@ -79,7 +81,9 @@ def test_explicit_environ_mapping_is_used_instead_of_os_environ(fake_npu, monkey
 
 def test_broken_torch_npu_install_is_logged_and_skipped(clean_env, tmp_path) -> None:
     """A real module file standing in for a torch_npu whose CANN libraries are missing."""
-    (tmp_path / "torch_npu.py").write_text("raise ImportError('libascendcl.so: cannot open shared object file')\n")
+    (tmp_path / "torch_npu.py").write_text(
+        "raise ImportError('libascendcl.so: cannot open shared object file')\n"
+    )
     clean_env.delitem(sys.modules, "torch_npu", raising=False)
     clean_env.syspath_prepend(str(tmp_path))
     clean_env.setattr(torch.cuda, "is_available", lambda: False)

@@ -112,7 +112,9 @@ def test_launcher_override_that_conflicts_is_warned() -> None:
     )
     with capture_logs() as logs:
         applied = profile.apply(environ={})
-    assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] == ["npu_alloc_conf_conflict"]
+    assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] == [
+        "npu_alloc_conf_conflict"
+    ]
     assert "garbage_collection_threshold" in applied.warnings[0]
 
 

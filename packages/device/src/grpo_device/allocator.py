@@ -119,7 +119,9 @@ def set_expandable_segments(
         return _fail(device, enable, exc, strict=strict)
     effective = read_expandable_segments(device)
     if effective is not None and effective != enable:
-        mismatch = AllocatorSettingsError(f"the allocator reports expandable_segments={effective} after the call")
+        mismatch = AllocatorSettingsError(
+            f"the allocator reports expandable_segments={effective} after the call"
+        )
         return _fail(device, enable, mismatch, strict=strict)
     log.info("expandable_segments_set", device=device.value, requested=enable, verified=effective is not None)
     return True

@@ -107,7 +107,11 @@ class EnvProfile:
                 set_vars[key] = value
         notes = _check_npu_alloc_conf(env)
         applied = AppliedEnv(
-            profile=self.name, set_vars=set_vars, kept_vars=kept, skipped_profile_values=skipped, warnings=notes
+            profile=self.name,
+            set_vars=set_vars,
+            kept_vars=kept,
+            skipped_profile_values=skipped,
+            warnings=notes,
         )
         differing = {key: kept[key] for key in kept if kept[key] != skipped[key]}
         log.info("env_profile_applied", profile=self.name, set=set_vars, kept_user_values=differing)
