@@ -1,0 +1,160 @@
+"""verl-style keys from our users' seed scripts map onto grpo_config fields."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from grpo_config import ConfigError, load, to_dict
+from grpo_config.aliases import ALIASES, resolve_alias
+from grpo_config.build import schema_keys
+
+SEED_35B_NPU = [
+    "algorithm.adv_estimator=grpo",
+    "algorithm.norm_adv_by_std_in_grpo=False",
+    "data.train_batch_size=32",
+    "data.max_prompt_length=1024",
+    "actor_rollout_ref.model.path=/models/Qwen3.5-35B-A3B",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.01",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.clip_ratio_low=0.2",
+    "actor_rollout_ref.actor.clip_ratio_high=0.28",
+    "actor_rollout_ref.actor.clip_ratio_c=10.0",
+    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+    "actor_rollout_ref.actor.checkpoint.strict=False",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8",
+    "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+    "actor_rollout_ref.actor.megatron.context_parallel_size=1",
+    "actor_rollout_ref.actor.megatron.param_offload=True",
+    "actor_rollout_ref.actor.megatron.vanilla_mbridge=False",
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype=fp32",
+    "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2",
+    "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2",
+    "actor_rollout_ref.ref.megatron.expert_model_parallel_size=8",
+    "actor_rollout_ref.ref.megatron.param_offload=True",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.n=8",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=8",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
+    "trainer.nnodes=1",
+    "trainer.n_gpus_per_node=16",
+    "trainer.device=npu",
+    "trainer.save_freq=20",
+    "trainer.test_freq=5",
+    "trainer.total_epochs=15",
+    "trainer.project_name=qwen35",
+    "trainer.experiment_name=35b_npu",
+]
+
+
+def test_seed_style_overrides_map_to_our_fields() -> None:
+    with capture_logs() as logs:
+        cfg = load(None, SEED_35B_NPU, num_experts=256)
+    assert cfg.algorithm.norm_adv_by_std is False
+    assert cfg.actor.model_path == "/models/Qwen3.5-35B-A3B" and cfg.ref.model_path == cfg.actor.model_path
+    assert (cfg.actor.lr, cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_micro_batch_size_per_device) == (
+        1e-6,
+        16,
+        1,
+    )
+    assert (cfg.actor.kl_loss_coef, cfg.actor.clip_ratio_high, cfg.actor.clip_ratio_c) == (0.01, 0.28, 10.0)
+    assert cfg.actor.loss_agg_mode == "seq-mean-token-mean" and cfg.actor.entropy_coeff == 0.0
+    assert cfg.checkpoint.strict is False
+    assert (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep, cfg.parallel.etp, cfg.parallel.cp) == (
+        2,
+        2,
+        8,
+        1,
+        1,
+    )
+    assert cfg.actor.megatron.param_offload is True
+    assert cfg.actor.megatron.override_transformer_config == {"moe_router_dtype": "fp32"}
+    assert cfg.ref.parallel == cfg.parallel
+    assert cfg.ref.megatron is not None and cfg.ref.megatron.param_offload is True
+    assert (cfg.rollout.engine, cfg.rollout.n, cfg.rollout.tensor_parallel_size) == ("vllm", 8, 8)
+    assert cfg.rollout.gpu_memory_utilization == 0.7
+    assert (cfg.device.nnodes, cfg.device.devices_per_node, cfg.device.kind) == (1, 16, "npu")
+    assert (cfg.checkpoint.save_freq, cfg.test_freq, cfg.total_epochs) == (20, 5, 15)
+    assert (cfg.project_name, cfg.experiment_name) == ("qwen35", "35b_npu")
+    assert [e["key"] for e in logs if e["event"] == "config.deprecated_key"] == [
+        "actor_rollout_ref.actor.megatron.vanilla_mbridge"
+    ]
+
+
+def test_verl_style_nested_yaml_is_accepted() -> None:
+    nested = {
+        "actor_rollout_ref": {
+            "actor": {
+                "megatron": {"virtual_pipeline_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
+            },
+            "rollout": {"val_kwargs": {"n": 4, "temperature": 0.6}},
+        },
+        "trainer": {"n_gpus_per_node": 2},
+        "actor": {"checkpoint": {"strict": False}},
+    }
+    cfg = load(nested)
+    assert (cfg.parallel.pp, cfg.parallel.vpp) == (2, 2)
+    assert (cfg.rollout.val_n, cfg.rollout.val_temperature) == (4, 0.6)
+    assert cfg.checkpoint.strict is False and cfg.device.devices_per_node == 2
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "actor_rollout_ref.actor.megatron.use_mbridge=True",
+        "actor_rollout_ref.ref.megatron.vanilla_mbridge=false",
+    ],
+)
+def test_megatron_bridge_choice_accepted_with_deprecation_warning(override: str) -> None:
+    with capture_logs() as logs:
+        cfg = load(None, [override])
+    assert cfg == load()  # no effect on the config
+    (entry,) = logs
+    assert entry["log_level"] == "warning" and entry["event"] == "config.deprecated_key"
+    assert "we always use Megatron-Bridge" in entry["note"]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
+        "actor_rollout_ref.actor.megatron.use_mbridge=false",
+    ],
+)
+def test_mbridge_is_refused(override: str) -> None:
+    with pytest.raises(
+        ConfigError, match="asks for the mbridge package, which grpo does not support"
+    ) as info:
+        load(None, [override])
+    assert "Megatron-Bridge" in str(info.value) and "Remove the key" in str(info.value)
+
+
+def test_bridge_key_value_is_type_checked() -> None:
+    with pytest.raises(
+        ConfigError, match=r"'actor_rollout_ref\.actor\.megatron\.vanilla_mbridge' has value 'nope'"
+    ):
+        load(None, ["actor_rollout_ref.actor.megatron.vanilla_mbridge=nope"])
+
+
+def test_every_alias_target_is_a_schema_key() -> None:
+    keys = set(schema_keys())
+    bad = [f"{alias} -> {target}" for alias, target in ALIASES.items() if target not in keys]
+    assert bad == []
+    assert all(alias not in keys for alias in ALIASES), "an alias must not shadow one of our keys"
+
+
+def test_prefix_alias_carries_the_rest_of_the_key() -> None:
+    assert resolve_alias("actor_rollout_ref.ref.megatron.override_transformer_config.x") == (
+        "ref.megatron.override_transformer_config.x"
+    )
+    assert resolve_alias("actor.lr") is None
+    cfg = load(None, ["actor_rollout_ref.ref.megatron.override_transformer_config.recompute_num_layers=2"])
+    assert to_dict(cfg)["ref"]["megatron"]["override_transformer_config"] == {"recompute_num_layers": 2}
+    assert cfg.actor.megatron.override_transformer_config == {}

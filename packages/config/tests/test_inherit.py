@@ -1,0 +1,80 @@
+"""Ref inherits the actor unless set (the 122B review bug: ref lacked use_remove_padding and the
+bridge settings the actor had)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpo_config import MegatronConfig, ParallelConfig, RefConfig, TrainerConfig, load, resolve_ref
+from grpo_config.inherit import INHERITED
+
+
+def test_loaded_ref_has_no_none_and_equals_actor() -> None:
+    cfg = load()
+    for field in dataclasses.fields(RefConfig):
+        assert getattr(cfg.ref, field.name) is not None, field.name
+    assert set(INHERITED) == {f.name for f in dataclasses.fields(RefConfig)}
+    assert cfg.ref.megatron == cfg.actor.megatron and cfg.ref.parallel == cfg.parallel
+
+
+def test_actor_settings_reach_ref_the_122b_bug() -> None:
+    cfg = load(
+        None,
+        [
+            "actor.model_path=/models/Qwen3.5-122B-A10B",
+            "actor.dtype=float16",
+            "actor.use_remove_padding=false",
+            "actor.log_prob_micro_batch_size_per_device=2",
+            "actor.megatron.transformer_impl=local",
+            "actor.megatron.moe_permute_fusion=false",
+            "actor.megatron.override_transformer_config.apply_rope_fusion=false",
+            "device.devices_per_node=4",
+            "parallel.tp=2",
+            "parallel.ep=4",
+        ],
+    )
+    ref = cfg.ref
+    assert ref.model_path == "/models/Qwen3.5-122B-A10B"
+    assert ref.dtype == "float16"
+    assert ref.use_remove_padding is False
+    assert ref.log_prob_micro_batch_size_per_device == 2
+    assert ref.megatron is not None and ref.megatron.transformer_impl == "local"
+    assert ref.megatron.moe_permute_fusion is False
+    assert ref.megatron.override_transformer_config == {"apply_rope_fusion": False}
+    assert ref.parallel == ParallelConfig(tp=2, ep=4)
+
+
+def test_explicit_ref_values_win() -> None:
+    cfg = load(None, ["actor.use_remove_padding=false", "ref.use_remove_padding=true", "ref.dtype=float32"])
+    assert cfg.actor.use_remove_padding is False and cfg.ref.use_remove_padding is True
+    assert cfg.actor.dtype == "bfloat16" and cfg.ref.dtype == "float32"
+
+
+def test_ref_sections_merge_field_by_field() -> None:
+    cfg = load(
+        {
+            "device": {"devices_per_node": 8},
+            "parallel": {"tp": 2, "pp": 2, "ep": 2},
+            "actor": {
+                "megatron": {"transformer_impl": "local", "override_transformer_config": {"a": 1, "b": 2}}
+            },
+            "ref": {
+                "parallel": {"tp": 4},
+                "megatron": {"param_offload": True, "override_transformer_config": {"b": 3}},
+            },
+        }
+    )
+    assert cfg.ref.parallel == ParallelConfig(tp=4, pp=2, ep=2)
+    assert cfg.ref.megatron is not None
+    assert cfg.ref.megatron.param_offload is True and cfg.actor.megatron.param_offload is False
+    assert cfg.ref.megatron.transformer_impl == "local"
+    assert cfg.ref.megatron.override_transformer_config == {"a": 1, "b": 3}
+
+
+def test_resolve_ref_on_programmatic_config() -> None:
+    cfg = TrainerConfig(ref=RefConfig(use_remove_padding=False, megatron=MegatronConfig(param_offload=True)))
+    resolved = resolve_ref(cfg)
+    assert resolved.ref.use_remove_padding is False  # explicit, kept
+    assert resolved.ref.model_path == cfg.actor.model_path and resolved.ref.parallel == cfg.parallel
+    assert resolved.ref.megatron == MegatronConfig(param_offload=True)  # whole object given: kept as is
+    assert resolve_ref(resolved) is resolved  # nothing left to fill

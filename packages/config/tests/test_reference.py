@@ -1,0 +1,36 @@
+"""The checked-in defaults.yaml matches the schema; the generator writes and checks it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from grpo_config import load, to_dict
+from grpo_config.reference import default_output, main, render_defaults
+
+DEFAULTS = Path(__file__).resolve().parents[1] / "defaults.yaml"
+
+
+def test_checked_in_defaults_have_not_drifted() -> None:
+    assert DEFAULTS.read_text(encoding="utf-8") == render_defaults(), (
+        "packages/config/defaults.yaml is out of date: run `hatch run config-defaults`"
+    )
+
+
+def test_defaults_file_loads_to_the_default_config() -> None:
+    assert DEFAULTS.read_text(encoding="utf-8").startswith("# grpo_config reference")
+    assert "GENERATED" in render_defaults() and "hatch run config-defaults" in render_defaults()
+    assert load(DEFAULTS) == load()
+    assert to_dict(load(DEFAULTS))["checkpoint"]["strict"] is True
+
+
+def test_generator_check_and_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert default_output() == DEFAULTS
+    target = tmp_path / "defaults.yaml"
+    target.write_text("stale: true\n")
+    assert main(["--check", "--output", str(target)]) == 1
+    assert "out of date" in capsys.readouterr().err
+    assert main(["--output", str(target)]) == 0
+    assert target.read_text(encoding="utf-8") == render_defaults()
+    assert main(["--check", "--output", str(target)]) == 0

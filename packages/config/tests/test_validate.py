@@ -1,0 +1,131 @@
+"""Cross-field checks: batch divisibility, parallel sizes against the world size and experts."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_config import ConfigError, load, validate
+
+
+def _problems(overrides: list[str], **kwargs: int) -> str:
+    with pytest.raises(ConfigError) as info:
+        load(None, overrides, **kwargs)
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def test_train_batch_must_be_multiple_of_mini_batch() -> None:
+    msg = _problems(["data.train_batch_size=10", "actor.ppo_mini_batch_size=4"])
+    assert msg == (
+        "Invalid config, 1 problem: (1) data.train_batch_size=10 is not divisible by "
+        "actor.ppo_mini_batch_size=4: make data.train_batch_size a multiple of 4 or "
+        "actor.ppo_mini_batch_size a divisor of 10."
+    )
+
+
+def test_mini_batch_sequences_must_split_over_micro_batch_times_dp() -> None:
+    # world 8, tp 2 -> dp 4; 2 prompts * n 3 = 6 sequences, not a multiple of micro 1 * dp 4.
+    base = [
+        "device.devices_per_node=8",
+        "parallel.tp=2",
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=2",
+    ]
+    msg = _problems([*base, "rollout.n=3"])
+    assert "actor.ppo_mini_batch_size * rollout.n = 2*3 = 6 sequences" in msg
+    assert "actor.ppo_micro_batch_size_per_device * data parallel size = 1*4 = 4" in msg
+    assert load(None, [*base, "rollout.n=4"]).rollout.n == 4  # 8 sequences over 4 ranks is fine
+    # micro 2 * dp 4 = 8 does not divide 2*6=12
+    assert "= 2*4 = 8" in _problems([*base, "rollout.n=6", "actor.ppo_micro_batch_size_per_device=2"])
+
+
+def test_dynamic_batch_size_only_needs_dp_to_divide() -> None:
+    base = [
+        "device.devices_per_node=4",
+        "actor.ppo_mini_batch_size=2",
+        "data.train_batch_size=4",
+        "rollout.n=2",
+    ]
+    cfg = load(None, [*base, "actor.use_dynamic_bsz=true", "actor.ppo_micro_batch_size_per_device=3"])
+    assert cfg.actor.use_dynamic_bsz
+    assert "= 3*4 = 12" in _problems([*base, "actor.ppo_micro_batch_size_per_device=3"])
+
+
+def test_model_parallel_product_must_divide_world() -> None:
+    msg = _problems(["device.devices_per_node=8", "parallel.tp=2", "parallel.pp=2", "parallel.cp=3"])
+    assert "parallel.tp * parallel.pp * parallel.cp = 2*2*3 = 12 does not divide the world size 8" in msg
+
+
+def test_expert_parallel_must_divide_devices_per_pipeline_stage() -> None:
+    world16 = ["device.nnodes=2", "device.devices_per_node=8", "parallel.pp=2", "parallel.ep=8"]
+    assert load(None, world16).parallel.ep == 8  # 8*1 divides 16//2
+    msg = _problems([*world16, "parallel.etp=2"])
+    assert "parallel.ep * parallel.etp = 8*2 = 16 does not divide the devices per pipeline stage" in msg
+    assert "world // parallel.pp = 16//2 = 8" in msg
+
+
+def test_expert_parallel_must_divide_number_of_experts_when_known() -> None:
+    overrides = ["device.devices_per_node=8", "parallel.ep=8"]
+    assert load(None, overrides, num_experts=256).parallel.ep == 8
+    msg = _problems(overrides, num_experts=12)
+    assert "parallel.ep=8 does not divide the model's 12 experts: set parallel.ep to a divisor of 12." in msg
+    cfg = load(None, overrides)
+    with pytest.raises(ConfigError, match="12 experts"):
+        validate(cfg, num_experts=12)
+
+
+def test_seed_profiles_are_valid() -> None:
+    # 122B npu seed: TP2 PP4 EP16 GEN_TP16, 16 devices x 4 nodes; Qwen3.5-122B-A10B has 256 experts.
+    cfg = load(
+        None,
+        [
+            "device.nnodes=4",
+            "device.devices_per_node=16",
+            "parallel.tp=2",
+            "parallel.pp=4",
+            "parallel.ep=16",
+            "rollout.tensor_parallel_size=16",
+            "data.train_batch_size=64",
+            "actor.ppo_mini_batch_size=16",
+        ],
+        num_experts=256,
+    )
+    assert cfg.parallel.ep == 16
+
+
+def test_clip_ratio_c_must_exceed_one() -> None:
+    assert "actor.clip_ratio_c=1.0 must be greater than 1" in _problems(["actor.clip_ratio_c=1"])
+
+
+def test_rollout_tp_must_divide_world() -> None:
+    msg = _problems(["device.devices_per_node=6", "rollout.tensor_parallel_size=4"])
+    assert "rollout.tensor_parallel_size=4 does not divide the world size 6" in msg
+
+
+def test_vpp_needs_pipeline_parallel() -> None:
+    assert "set parallel.pp > 1 or parallel.vpp=null" in _problems(["parallel.vpp=2"])
+    assert load(None, ["device.devices_per_node=2", "parallel.pp=2", "parallel.vpp=2"]).parallel.vpp == 2
+
+
+def test_zero_sizes_are_reported_not_divided_by() -> None:
+    msg = _problems(["parallel.tp=0", "actor.ppo_micro_batch_size_per_device=0"])
+    assert "parallel.tp=0 must be a positive integer." in msg
+    assert "actor.ppo_micro_batch_size_per_device=0 must be a positive integer." in msg
+
+
+def test_ref_parallel_is_checked_too() -> None:
+    msg = _problems(["device.devices_per_node=8", "ref.parallel.tp=3"])
+    assert "ref.parallel.tp * ref.parallel.pp * ref.parallel.cp = 3*1*1 = 3 does not divide" in msg
+
+
+def test_all_problems_reported_at_once() -> None:
+    msg = _problems(
+        [
+            "data.train_batch_size=10",
+            "actor.ppo_mini_batch_size=4",
+            "actor.clip_ratio_c=0.5",
+            "rollout.gpu_memory_utilization=1.5",
+        ]
+    )
+    assert msg.startswith("Invalid config, 3 problems: (1) ")
+    assert "(3) rollout.gpu_memory_utilization=1.5 must be in (0, 1]" in msg
