@@ -1,0 +1,153 @@
+"""Prompt dataset: verl-format rows tokenised once, at construction, with the tokenizer's chat
+template (`add_generation_prompt=True`), then filtered or truncated to `max_prompt_length`.
+
+Malformed rows are skipped, counted and reported (`PromptDataset.report`), never raised; an
+overlong prompt raises only in `overlong="error"` mode. Tokenisation does not add special tokens
+beyond those the chat template writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+
+from grpo_trainer.data.rows import DataReport, RawRow, read_raw_rows, row_problem
+
+log = structlog.get_logger()
+
+OverlongMode = Literal["filter", "truncate_left", "truncate_right", "error"]
+OVERLONG_MODES: tuple[str, ...] = ("filter", "truncate_left", "truncate_right", "error")
+
+
+class OverlongPromptError(ValueError):
+    """A prompt longer than max_prompt_length in `overlong="error"` mode."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptItem:
+    """One usable prompt. `index` is the row's position across the source files (0-based)."""
+
+    prompt_ids: list[int]
+    ground_truth: Any
+    data_source: str
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    index: int
+    raw_prompt: list[dict[str, str]] | str
+
+
+def _has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+class PromptDataset:
+    """Random-access prompts (`len`, `[i]`) from parquet / jsonl files."""
+
+    def __init__(
+        self,
+        paths: str | Path | Sequence[str | Path],
+        tokenizer: Any,
+        *,
+        prompt_key: str = "prompt",
+        max_prompt_length: int,
+        overlong: OverlongMode = "filter",
+        apply_chat_template: bool = True,
+    ) -> None:
+        if overlong not in OVERLONG_MODES:
+            raise ValueError(f"unknown overlong mode {overlong!r}; use one of {list(OVERLONG_MODES)}")
+        if max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+        self.prompt_key = prompt_key
+        self.max_prompt_length = max_prompt_length
+        self.overlong = overlong
+        self.report = DataReport()
+        self._use_template = apply_chat_template and _has_chat_template(tokenizer)
+        if apply_chat_template and not self._use_template:
+            log.warning(
+                "tokenizer has no chat template; prompts are the message contents joined by newlines",
+                tokenizer=type(tokenizer).__name__,
+            )
+        rows, texts = self._render(read_raw_rows(paths), tokenizer)
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        self._items = [
+            item for row, prompt_ids in zip(rows, ids, strict=True) if (item := self._fit(row, prompt_ids))
+        ]
+        self.report.n_kept = len(self._items)
+        log.info("prompt dataset loaded", **{k: v for k, v in vars(self.report).items() if k != "reasons"})
+        if self.report.n_malformed:
+            log.warning(
+                "malformed data rows skipped", count=self.report.n_malformed, examples=self.report.reasons
+            )
+        if not self._items:
+            raise ValueError(f"no usable prompts in {paths!r}: {self.report.summary()}")
+
+    def _render(self, raw_rows: Any, tokenizer: Any) -> tuple[list[RawRow], list[str]]:
+        """Prompt text of every well-formed row (bad rows go to the report)."""
+        rows: list[RawRow] = []
+        texts: list[str] = []
+        for raw in raw_rows:
+            self.report.n_rows += 1
+            problem = raw.error
+            if problem is None:
+                problem = (
+                    row_problem(raw.row, prompt_key=self.prompt_key)
+                    if isinstance(raw.row, Mapping)
+                    else f"row is a {type(raw.row).__name__}, not an object"
+                )
+            if problem is None:
+                try:
+                    texts.append(self._prompt_text(raw.row[self.prompt_key], tokenizer))
+                except Exception as exc:  # a template can raise anything (jinja, tokenizer)
+                    problem = f"chat template failed: {type(exc).__name__}: {exc}"
+            if problem is not None:
+                self.report.add_malformed(index=raw.index, location=raw.location, reason=problem)
+                continue
+            rows.append(raw)
+        return rows, texts
+
+    def _prompt_text(self, prompt: list[dict[str, str]] | str, tokenizer: Any) -> str:
+        if isinstance(prompt, str):
+            if not self._use_template:
+                return prompt
+            prompt = [{"role": "user", "content": prompt}]
+        if self._use_template:
+            text = tokenizer.apply_chat_template(
+                [dict(m) for m in prompt], tokenize=False, add_generation_prompt=True
+            )
+            assert isinstance(text, str), type(text)
+            return text
+        return "\n".join(m["content"] for m in prompt)
+
+    def _fit(self, raw: RawRow, prompt_ids: list[int]) -> PromptItem | None:
+        limit = self.max_prompt_length
+        if len(prompt_ids) > limit:
+            if self.overlong == "error":
+                raise OverlongPromptError(
+                    f"row {raw.index} ({raw.location}) has a {len(prompt_ids)}-token prompt, over "
+                    f"max_prompt_length={limit}; raise data.max_prompt_length or set "
+                    "data.overlong_prompts to filter / truncate_left / truncate_right"
+                )
+            if self.overlong == "filter":
+                self.report.n_filtered_overlong += 1
+                return None
+            self.report.n_truncated += 1
+            prompt_ids = prompt_ids[-limit:] if self.overlong == "truncate_left" else prompt_ids[:limit]
+        row = raw.row
+        prompt = row[self.prompt_key]
+        return PromptItem(
+            prompt_ids=list(prompt_ids),
+            ground_truth=row["reward_model"]["ground_truth"],
+            data_source=row["data_source"],
+            extra_info=dict(row.get("extra_info") or {}),
+            index=raw.index,
+            raw_prompt=prompt if isinstance(prompt, str) else [dict(m) for m in prompt],
+        )
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i: int) -> PromptItem:
+        return self._items[i]
