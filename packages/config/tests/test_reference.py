@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from grpo_config import load, to_dict
 from grpo_config.reference import default_output, main, render_defaults
@@ -34,3 +35,12 @@ def test_generator_check_and_write(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["--output", str(target)]) == 0
     assert target.read_text(encoding="utf-8") == render_defaults()
     assert main(["--check", "--output", str(target)]) == 0
+
+
+def test_readme_yaml_example_loads() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    example = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = load(yaml.safe_load(example), num_experts=256)
+    assert (cfg.parallel.ep, cfg.actor.lr, cfg.checkpoint.strict) == (8, 1e-6, False)
+    assert cfg.ref.megatron is not None
+    assert cfg.ref.megatron.override_transformer_config == {"moe_router_dtype": "fp32"}
