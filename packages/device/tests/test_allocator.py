@@ -39,6 +39,12 @@ def test_enable_must_be_a_bool() -> None:
         set_expandable_segments("True", kind="cuda")  # type: ignore[arg-type]
 
 
+_HAS_GETTER = hasattr(torch._C, "_accelerator_getAllocatorSettings")
+
+
+@pytest.mark.skipif(
+    not _HAS_GETTER, reason="this torch has no _accelerator_getAllocatorSettings (2.11 lacks it)"
+)
 def test_cuda_round_trip_with_real_torch(restore_cuda_allocator_settings) -> None:
     with capture_logs() as logs:
         assert set_expandable_segments(True, kind="cuda") is True
@@ -82,7 +88,11 @@ def test_cuda_failure_raises_when_strict(monkeypatch) -> None:
 
 
 def test_cuda_readback_disagreeing_counts_as_failure(monkeypatch, restore_cuda_allocator_settings) -> None:
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "expandable_segments:False")
+    """The setter is real; the read-back is made to disagree (CUDA not initialised, getter says no)."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(
+        torch._C, "_accelerator_getAllocatorSettings", lambda: "expandable_segments:False", raising=False
+    )
     with capture_logs() as logs:
         assert set_expandable_segments(True, kind="cuda") is False
     [warning] = _warnings(logs)
@@ -99,7 +109,8 @@ def test_cuda_falls_back_to_the_legacy_setter_quietly(monkeypatch) -> None:
         received.append(settings)
 
     monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings")
-    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings")
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", legacy_setter)
     with warnings.catch_warnings(), capture_logs() as logs:
         warnings.simplefilter("error")  # the deprecation warning must not reach the caller
