@@ -316,3 +316,52 @@ def test_console_script_exit_code_and_json_logs(tmp_path) -> None:
     log_lines = [line for line in dry.stderr.splitlines() if line.strip()]
     assert log_lines and all(line.startswith("{") for line in log_lines)
     assert any('"event": "a real launch would stop here"' in line for line in log_lines)
+
+
+@pytest.fixture
+def restore_environ():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_full_run_does_the_common_steps_then_trains(
+    launch_env, restore_environ, monkeypatch, tmp_path
+) -> None:
+    """A real launch up to `train(cfg)`. `train` itself is replaced by a recorder: a 35B Megatron run
+    cannot exist on this CPU machine. Everything before it is real: the model check, geo3k prepared
+    from a local `datasets` directory into DATA_DIR, proxies unset, the NPU environment applied
+    without overriding the user's value."""
+    import datasets
+
+    import grpo_trainer
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    rows = datasets.Dataset.from_dict({"problem": ["<image>Find x.", "Find y."], "answer": ["3", "4"]})
+    datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(tmp_path / "geo3k_src")
+    for key, value in {
+        "MODEL_PATH": str(model),
+        "DATA_DIR": str(tmp_path / "data"),
+        "DATA_SOURCE": str(tmp_path / "geo3k_src"),
+        "https_proxy": "http://proxy:3128",
+        "HCCL_CONNECT_TIMEOUT": "7200",
+    }.items():
+        monkeypatch.setenv(key, value)
+    seen: list[object] = []
+    monkeypatch.setattr(grpo_trainer, "train", seen.append, raising=False)
+
+    assert main_35b(["--device", "npu", "--output-dir", str(tmp_path / "out")]) == 0
+
+    (cfg,) = seen
+    assert cfg.actor.model_path == str(model) and cfg.parallel.pp == 2
+    assert cfg.data.train_files == [str(tmp_path / "data/geo3k/train.parquet")]
+    assert (tmp_path / "data/geo3k/train.parquet").is_file() and (
+        tmp_path / "data/geo3k/test.parquet"
+    ).is_file()
+    assert "https_proxy" not in os.environ
+    assert os.environ["HCCL_CONNECT_TIMEOUT"] == "7200"  # the user's value wins
+    assert os.environ["TASK_QUEUE_ENABLE"] == "1" and os.environ["HCCL_BUFFSIZE"] == "200"
+    assert cfg.checkpoint.dir == str(tmp_path / "out/checkpoints")
