@@ -1,0 +1,180 @@
+"""Building the Megatron model and optimizer from an HF checkpoint through Megatron-Bridge.
+
+HF path -> `AutoBridge.from_hf_pretrained` -> provider (bridge's mapping of the HF config) ->
+our settings from grpo_config (`provider_config`) -> validated `override_transformer_config` ->
+`finalize()` -> model parallel groups -> `provide_distributed_model` (HF weights loaded by the
+bridge) -> Megatron (distributed) optimizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import torch
+import torch.distributed as dist
+
+from grpo_config.schema import MegatronConfig, TrainerConfig
+from grpo_trainer.backends.megatron.imports import import_auto_bridge, transformer_engine_available
+from grpo_trainer.backends.megatron.provider_config import (
+    ModelShape,
+    ParallelLayout,
+    provider_settings,
+    resolve_parallel_layout,
+    validate_overrides,
+)
+
+log = structlog.get_logger()
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(kw_only=True)
+class BuiltPolicy:
+    bridge: Any
+    provider: Any
+    model: list[torch.nn.Module]
+    layout: ParallelLayout
+
+
+def init_distributed() -> None:
+    """One process per device; torchrun / Ray set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT.
+    A single process without them becomes world size 1."""
+    if dist.is_initialized():
+        return
+    for key, default in (
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29511"),
+    ):
+        os.environ.setdefault(key, default)
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "the Megatron backend needs CUDA devices (megatron-core's forward does not run on CPU)"
+        )
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl")
+
+
+def model_shape(provider: Any) -> ModelShape:
+    return ModelShape(
+        num_layers=provider.num_layers,
+        num_attention_heads=provider.num_attention_heads,
+        num_query_groups=provider.num_query_groups,
+        num_experts=provider.num_moe_experts,
+    )
+
+
+def configure_provider(
+    provider: Any, cfg: TrainerConfig, *, megatron: MegatronConfig, seq_length: int
+) -> None:
+    """Set our settings and the user's overrides on the bridge's provider (before finalize)."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    from grpo_trainer.backends.megatron.local_spec import local_block_spec
+
+    valid_fields = {f.name for f in dataclasses.fields(provider)}
+    overrides = validate_overrides(megatron.override_transformer_config, valid_fields)
+    settings = provider_settings(
+        cfg, transformer_engine_available=transformer_engine_available(), megatron=megatron
+    )
+    settings["attention_backend"] = AttnBackend[settings["attention_backend"]]
+    settings["params_dtype"] = _DTYPES[cfg.actor.dtype]
+    settings["pipeline_dtype"] = _DTYPES[cfg.actor.dtype]
+    settings["seq_length"] = seq_length
+    settings["variable_seq_lengths"] = True
+    for name, value in {**settings, **overrides}.items():
+        setattr(provider, name, value)
+    if megatron.transformer_impl == "local":
+        provider.transformer_layer_spec = local_block_spec
+    if overrides:
+        log.info("megatron.override_transformer_config", **{k: repr(v) for k, v in overrides.items()})
+
+
+def build_policy(
+    cfg: TrainerConfig, *, model_path: str, megatron: MegatronConfig | None = None, trainable: bool = True
+) -> BuiltPolicy:
+    """The Megatron model (list of virtual-pipeline chunks) with HF weights loaded."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    megatron = megatron or cfg.actor.megatron
+    auto_bridge = import_auto_bridge()
+    init_distributed()
+    bridge = auto_bridge.from_hf_pretrained(model_path, torch_dtype=_DTYPES[cfg.actor.dtype])
+    provider = bridge.to_megatron_provider(load_weights=True)
+    seq_length = cfg.data.max_prompt_length + cfg.data.max_response_length
+    configure_provider(provider, cfg, megatron=megatron, seq_length=seq_length)
+    layout = resolve_parallel_layout(
+        cfg.parallel, world_size=dist.get_world_size(), model=model_shape(provider)
+    )
+    provider.finalize()
+    if not parallel_state.model_parallel_is_initialized():
+        provider.initialize_model_parallel(seed=cfg.seed)
+    ddp_config = DistributedDataParallelConfig(
+        use_distributed_optimizer=megatron.use_distributed_optimizer,
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        overlap_param_gather=False,
+        check_for_nan_in_grad=True,
+    )
+    model = provider.provide_distributed_model(ddp_config=ddp_config, wrap_with_ddp=trainable)
+    if not trainable:
+        for chunk in model:
+            chunk.requires_grad_(False)
+            chunk.eval()
+    log.info(
+        "megatron.model_built",
+        model_path=model_path,
+        layers=provider.num_layers,
+        experts=provider.num_moe_experts,
+        transformer_impl=megatron.transformer_impl,
+        tp=layout.tp,
+        pp=layout.pp,
+        ep=layout.ep,
+        dp=layout.dp,
+        params=sum(p.numel() for chunk in model for p in chunk.parameters()),
+    )
+    return BuiltPolicy(bridge=bridge, provider=provider, model=model, layout=layout)
+
+
+def build_optimizer(cfg: TrainerConfig, model: list[torch.nn.Module], *, megatron: MegatronConfig) -> Any:
+    """Megatron Adam (distributed over data parallel ranks when configured), optionally with part
+    or all of its state and update on the CPU."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    offload_fraction = megatron.optimizer_offload_fraction or (1.0 if megatron.optimizer_offload else 0.0)
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=cfg.actor.lr,
+        min_lr=cfg.actor.lr,
+        weight_decay=cfg.actor.weight_decay,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        clip_grad=cfg.actor.grad_clip,
+        bf16=cfg.actor.dtype == "bfloat16",
+        fp16=cfg.actor.dtype == "float16",
+        params_dtype=_DTYPES[cfg.actor.dtype],
+        use_distributed_optimizer=megatron.use_distributed_optimizer,
+        optimizer_cpu_offload=offload_fraction > 0,
+        optimizer_offload_fraction=offload_fraction,
+        use_precision_aware_optimizer=offload_fraction > 0,
+    )
+    return get_megatron_optimizer(config, model)
+
+
+def wire_model_config(model: list[torch.nn.Module], optimizer: Any) -> None:
+    """What Megatron's own training loop sets on the model config before the first step: gradient
+    sync hooks for the schedules and the loss scale for fp16."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(model[0])
+    config.no_sync_func = [chunk.no_sync for chunk in model] if len(model) > 1 else model[0].no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    if optimizer is not None:
+        config.grad_scale_func = optimizer.scale_loss

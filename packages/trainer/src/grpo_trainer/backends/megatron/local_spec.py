@@ -1,0 +1,141 @@
+"""A Megatron decoder block built from megatron-core's own (non transformer_engine) modules, for
+Qwen3, Qwen3-MoE and the Qwen3.5 hybrid (Gated DeltaNet + gated attention) family.
+
+Megatron-core's Qwen3.5 block spec only supports transformer_engine, and its local spec uses
+`torch.nn.RMSNorm`, which refuses zero-centred gammas (Qwen3.5) and sequence parallelism. Here:
+column/row parallel linears, `DotProductAttention`, `SequentialMLP` experts, `GatedDeltaNet` with
+a separate input norm, and `LocalRMSNorm`. Parameter names are the ones Megatron-Bridge maps
+(its registry aliases `input_layernorm.weight` to the fused TE name).
+Imports megatron: only imported by the Megatron backend.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+    get_linear_attention_pattern,
+    get_moe_layer_pattern,
+    is_linear_attention_variant,
+)
+from megatron.core.models.gpt.gpt_layer_specs import get_mlp_module_spec_for_backend
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
+from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_layer import (
+    TransformerLayer,
+    TransformerLayerSubmodules,
+    get_transformer_layer_offset,
+)
+from megatron.core.transformer.utils import get_bias_dropout_add
+
+
+class LocalRMSNorm(torch.nn.Module):
+    """RMSNorm in float32 like the HF Qwen models. With `config.layernorm_zero_centered_gamma` the
+    scale is `1 + weight` (weight initialised to 0), as Qwen3.5 stores it."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, **_: object) -> None:
+        super().__init__()
+        if config.normalization != "RMSNorm":
+            raise ValueError(
+                f"the local Megatron spec supports RMSNorm models only, got normalization={config.normalization!r}"
+            )
+        self.zero_centered = bool(config.layernorm_zero_centered_gamma)
+        self.eps = eps
+        init = torch.zeros if self.zero_centered else torch.ones
+        device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
+        self.weight = torch.nn.Parameter(init(hidden_size, dtype=config.params_dtype, device=device))
+        # Megatron all-reduces the gradients of parameters marked so over the tensor-parallel group.
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        scale = self.weight.float() + 1.0 if self.zero_centered else self.weight.float()
+        return (x * scale).to(hidden_states.dtype)
+
+
+def _self_attention_spec() -> ModuleSpec:
+    return ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.causal},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=ColumnParallelLinear,
+            core_attention=DotProductAttention,
+            linear_proj=RowParallelLinear,
+            q_layernorm=LocalRMSNorm,
+            k_layernorm=LocalRMSNorm,
+        ),
+    )
+
+
+def _gated_delta_net_spec() -> ModuleSpec:
+    return ModuleSpec(
+        module=GatedDeltaNet,
+        submodules=GatedDeltaNetSubmodules(
+            in_proj=ColumnParallelLinear, out_norm=LocalRMSNorm, out_proj=RowParallelLinear
+        ),
+    )
+
+
+def local_layer_specs(config: TransformerConfig) -> list[ModuleSpec]:
+    """One spec per decoder layer of the whole model (all pipeline stages)."""
+    if config.qk_layernorm is False:
+        raise ValueError(
+            "the local Megatron spec is written for Qwen models with q/k norms (qk_layernorm=True)"
+        )
+    linear_pattern = [0] * config.num_layers
+    if is_linear_attention_variant(config.experimental_attention_variant):
+        linear_pattern = get_linear_attention_pattern(config)
+    elif config.experimental_attention_variant is not None:
+        raise ValueError(
+            f"experimental_attention_variant={config.experimental_attention_variant!r} has no local spec here"
+        )
+    moe_pattern = get_moe_layer_pattern(config) if config.num_moe_experts else [0] * config.num_layers
+    backend = LocalSpecProvider()
+    dense_mlp = get_mlp_module_spec_for_backend(backend=backend, num_experts=None)
+    moe_mlp = (
+        get_moe_module_spec_for_backend(
+            backend=backend, num_experts=config.num_moe_experts, moe_grouped_gemm=False
+        )
+        if config.num_moe_experts
+        else None
+    )
+    specs = []
+    for layer in range(config.num_layers):
+        attention = _gated_delta_net_spec() if linear_pattern[layer] else _self_attention_spec()
+        specs.append(
+            ModuleSpec(
+                module=TransformerLayer,
+                submodules=TransformerLayerSubmodules(
+                    input_layernorm=LocalRMSNorm,
+                    self_attention=attention,
+                    self_attn_bda=get_bias_dropout_add,
+                    pre_mlp_layernorm=LocalRMSNorm,
+                    mlp=moe_mlp if moe_pattern[layer] else dense_mlp,
+                    mlp_bda=get_bias_dropout_add,
+                ),
+            )
+        )
+    return specs
+
+
+def local_block_spec(
+    config: TransformerConfig, vp_stage: int | None = None, pp_rank: int | None = None
+) -> TransformerBlockSubmodules:
+    """The decoder block of this pipeline stage (use as the provider's `transformer_layer_spec`)."""
+    if config.pipeline_model_parallel_layout is not None:
+        raise ValueError("pipeline_model_parallel_layout is not supported with the local Megatron spec")
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
+    count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
+    specs = local_layer_specs(config)[offset : offset + count]
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=LocalRMSNorm)

@@ -1,0 +1,77 @@
+"""Model and optimizer state of the Megatron policy as plain nested dicts of tensors, for
+`grpo_ckpt.CheckpointManager` (which stores tensors with safetensors and the structure as JSON).
+
+Each rank's dict holds its own tensor-/pipeline-/expert-parallel shard of the model. The
+distributed optimizer's sharded Adam state is gathered to data-parallel rank 0
+(`get_parameter_state_dp_zero`) and scattered back on load, so a checkpoint loads at the same
+TP/PP/EP sizes with any data-parallel size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _sub_optimizers(optimizer: Any) -> list[Any]:
+    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+
+
+def _is_distributed(optimizer: Any) -> bool:
+    return hasattr(optimizer, "get_parameter_state_dp_zero")
+
+
+def _model_state(model: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for index, chunk in enumerate(model):
+        for name, value in chunk.state_dict().items():
+            if isinstance(value, torch.Tensor):  # `_extra_state` entries are None or bytes
+                state[f"chunk{index}.{name}"] = value.detach()
+    return state
+
+
+def policy_state(model: list[torch.nn.Module], optimizer: Any, *, steps_done: int) -> dict[str, Any]:
+    """{"model": ..., "optimizer": ..., "scheduler": {"steps_done": n}}. Collective when the
+    optimizer is distributed (every data-parallel rank must call it)."""
+    optimizers = []
+    for sub in _sub_optimizers(optimizer):
+        entry: dict[str, Any] = {"state_dict": sub.state_dict()}
+        if _is_distributed(sub):
+            entry["param_state"] = sub.get_parameter_state_dp_zero(return_on_all_ranks=True)
+        optimizers.append(entry)
+    return {
+        "model": _model_state(model),
+        "optimizer": {"optimizers": optimizers},
+        "scheduler": {"steps_done": steps_done},
+    }
+
+
+def load_policy_state(model: list[torch.nn.Module], optimizer: Any, state: dict[str, Any]) -> int:
+    """Inverse of `policy_state`; returns the number of optimizer steps done."""
+    model_state = state["model"]
+    for index, chunk in enumerate(model):
+        prefix = f"chunk{index}."
+        own = {k[len(prefix) :]: v for k, v in model_state.items() if k.startswith(prefix)}
+        missing, unexpected = chunk.load_state_dict(own, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match model chunk {index}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                " (was it saved with other tensor/pipeline/expert parallel sizes?)"
+            )
+    if "optimizer" not in state:
+        optimizer.reload_model_params()  # the fp32 main copies follow the loaded weights
+    else:
+        _load_optimizer_state(optimizer, state["optimizer"]["optimizers"])
+    return int(state.get("scheduler", {}).get("steps_done", 0))
+
+
+def _load_optimizer_state(optimizer: Any, entries: list[dict[str, Any]]) -> None:
+    subs = _sub_optimizers(optimizer)
+    if len(entries) != len(subs):
+        raise ValueError(f"checkpoint has {len(entries)} optimizer parts, the model has {len(subs)}")
+    for sub, entry in zip(subs, entries, strict=True):
+        sub.load_state_dict(entry["state_dict"])
+        if "param_state" in entry:
+            sub.load_parameter_state_from_dp_zero(entry["param_state"])

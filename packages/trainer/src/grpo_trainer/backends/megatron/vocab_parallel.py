@@ -1,0 +1,89 @@
+"""Log-probs and entropy from vocabulary-sharded logits, without gathering the full vocabulary.
+
+With tensor parallelism each rank holds logits for a contiguous slice `[vocab_start, vocab_start +
+V_local)` of the vocabulary. Everything a token's log-prob and the entropy need is a max, two sums
+and one picked logit over the vocabulary: each is computed on the local slice and all-reduced over
+the tensor-parallel group (3 all-reduces of `[N]` floats instead of gathering `[N, V]`).
+
+Gradients follow Megatron's convention for values reduced over the tensor-parallel group: every
+rank computes the same loss from the reduced values, so the backward of the all-reduce is the
+identity (each rank's slice gets exactly its own part of the gradient). Pure torch +
+torch.distributed: runs on CPU with gloo, so it is tested against a full-vocabulary reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class _AllReduceSumIdentityBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        return tensor
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad_output, None
+
+
+def _group_size(group: Any) -> int:
+    if group is None and not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group=group)
+
+
+def _sum_over_group(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    if _group_size(group) == 1:
+        return tensor
+    return _AllReduceSumIdentityBackward.apply(tensor, group)
+
+
+def _max_over_group(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    tensor = tensor.detach().clone()
+    if _group_size(group) > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor
+
+
+def vocab_parallel_log_probs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    vocab_start: int = 0,
+    group: Any = None,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probability of `targets` and (optionally) the entropy under softmax over the full
+    vocabulary, from this rank's logits slice `logits[..., V_local]` starting at `vocab_start`.
+
+    Computed in float32. Returns `(log_probs, entropy)` shaped like `targets` (`entropy` is None
+    unless asked for). Differentiable with respect to `logits`.
+    """
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} must be targets {tuple(targets.shape)} + [vocab]")
+    logits = logits.float()
+    local_vocab = logits.shape[-1]
+    # The max only stabilises exp(); it cancels in the result, so it carries no gradient.
+    global_max = _max_over_group(logits.max(dim=-1).values, group)
+    shifted = logits - global_max.unsqueeze(-1)
+    exp_shifted = shifted.exp()
+    sum_exp = _sum_over_group(exp_shifted.sum(dim=-1), group)
+    log_sum_exp = sum_exp.log()
+
+    local_targets = targets - vocab_start
+    in_slice = (local_targets >= 0) & (local_targets < local_vocab)
+    picked = shifted.gather(-1, local_targets.clamp(0, local_vocab - 1).unsqueeze(-1)).squeeze(-1)
+    target_logit = _sum_over_group(picked * in_slice, group)
+    log_probs = target_logit - log_sum_exp
+
+    entropy = None
+    if with_entropy:
+        # H = log Z - sum_v p_v * z_v, with z the shifted logits and Z = sum_v exp(z_v).
+        weighted = _sum_over_group((exp_shifted * shifted).sum(dim=-1), group)
+        entropy = log_sum_exp - weighted / sum_exp
+    return log_probs, entropy
