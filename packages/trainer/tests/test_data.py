@@ -207,3 +207,18 @@ def test_invalid_arguments(tokenizer, long_file):
         PromptDataset(long_file, tokenizer, max_prompt_length=6, overlong="drop")
     with pytest.raises(ValueError, match="max_prompt_length"):
         PromptDataset(long_file, tokenizer, max_prompt_length=0)
+
+
+def test_public_api_is_frozen():
+    import grpo_trainer.data
+
+    assert grpo_trainer.data.__all__ == [
+        "OVERLONG_MODES",
+        "DataFileError",
+        "DataReport",
+        "OverlongPromptError",
+        "PromptDataset",
+        "PromptItem",
+        "ResumableSampler",
+        "load_rows",
+    ]

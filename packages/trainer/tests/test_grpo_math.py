@@ -306,3 +306,19 @@ def test_entropy_matches_reference_and_handles_masked_vocab():
     assert gm.entropy_from_logits(big).item() == pytest.approx(0.0, abs=1e-6)
     masked = torch.tensor([0.0, 0.0, -math.inf])
     assert gm.entropy_from_logits(masked).item() == pytest.approx(math.log(2))
+
+
+def test_public_api_is_frozen():
+    assert gm.__all__ == [
+        "KL_KINDS",
+        "LOSS_AGG_MODES",
+        "aggregate_loss",
+        "entropy_from_logits",
+        "group_advantages",
+        "kl_loss",
+        "kl_penalty",
+        "loss_denominators",
+        "masked_mean",
+        "masked_sum",
+        "policy_loss",
+    ]

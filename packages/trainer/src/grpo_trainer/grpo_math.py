@@ -33,6 +33,20 @@ from typing import Literal
 
 import torch
 
+__all__ = [
+    "KL_KINDS",
+    "LOSS_AGG_MODES",
+    "aggregate_loss",
+    "entropy_from_logits",
+    "group_advantages",
+    "kl_loss",
+    "kl_penalty",
+    "loss_denominators",
+    "masked_mean",
+    "masked_sum",
+    "policy_loss",
+]
+
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LOSS_AGG_MODES: tuple[str, ...] = (
     "token-mean",

@@ -1,0 +1,165 @@
+"""Rule-based rewards, the data_source registry and loading custom reward functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_trainer import rewards as rw
+from grpo_trainer.rewards import math_answer
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("the answer is \\boxed{42}.", "42"),
+        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # the last box wins
+        ("\\boxed{\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+        ("\\boxed{{a}{b{c}}}", "{a}{b{c}}"),  # nested braces
+        ("so $\\boxed 7$", "7"),
+        ("\\fbox{x+1}", "x+1"),
+        ("\\boxed{unbalanced", None),
+        ("no box at all", None),
+    ],
+)
+def test_last_boxed(text, expected):
+    assert rw.last_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("\\dfrac{1}{2}", "\\frac12"),
+        ("0.5", "\\frac{1}{2}"),
+        (".5", "1/2"),
+        ("1,000", "1000"),
+        ("x = 5", "5"),
+        ("90^\\circ", "90"),
+        ("\\text{(B)}", "(B)"),
+        ("10\\%", "10"),
+        ("\\left( 1, 2 \\right)", "(1,2)"),
+        ("\\$5.00", "5"),
+        ("3.", "3"),
+    ],
+)
+def test_equivalent_answers_without_math_verify(pred, gold):
+    assert rw.answers_match(pred, gold, use_math_verify=False)
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"), [("3", "4"), ("\\frac{1}{3}", "0.33"), ("(1,2)", "(2,1)"), ("x", "y")]
+)
+def test_different_answers(pred, gold):
+    assert not rw.answers_match(pred, gold, use_math_verify=False)
+    assert not rw.answers_match(pred, gold)
+
+
+def test_math_verify_decides_symbolic_equivalence():
+    pytest.importorskip("math_verify")
+    assert math_answer.math_verify_available()
+    assert not rw.answers_match("(x+1)^2", "x^2+2x+1", use_math_verify=False)
+    assert rw.answers_match("(x+1)^2", "x^2+2x+1")
+
+
+def test_math_score():
+    assert rw.math_score("so \\boxed{\\frac{2}{4}} hmm \\boxed{\\frac12}", "0.5", None) == 1.0
+    assert rw.math_score("the answer is 0.5", "0.5", None) == 0.0  # no box, no credit
+    assert rw.math_score("\\boxed{3}", "\\boxed{3}", {"split": "test"}) == 1.0  # a boxed ground truth too
+    assert rw.math_score("\\boxed{4}", 3, None) == 0.0
+    assert rw.math_score("\\boxed{3}", 3, None) == 1.0  # a numeric ground truth
+
+
+def test_geo3k_score_weights_accuracy_and_format():
+    good = "<think>angles sum to 180</think> so \\boxed{30}"
+    assert rw.geo3k_score(good, "30", None) == pytest.approx(1.0)
+    assert rw.geo3k_score(good, "31", None) == pytest.approx(0.1)  # format only
+    assert rw.geo3k_score("\\boxed{30}", "30", None) == pytest.approx(0.9)  # no think block
+    assert rw.geo3k_score("\\boxed{30} <think>x</think>", "30", None) == pytest.approx(0.9)  # think after box
+    assert rw.geo3k_score("<think>x</think> 30", "30", None) == 0.0
+
+
+def test_gsm8k_score():
+    assert rw.gsm8k_score("so 3 + 4 = 7\n#### 7", "7", None) == 1.0
+    assert rw.gsm8k_score("#### 1,234", "1234", None) == 1.0
+    assert rw.gsm8k_score("#### -3", "-3", None) == 1.0
+    assert rw.gsm8k_score("#### 18.0", "18", None) == 1.0
+    assert rw.gsm8k_score("#### 8", "7", None) == 0.0
+    assert rw.gsm8k_score("the answer is 7", "7", None) == 0.0  # strict format: needs ####
+    assert rw.gsm8k_score("#### 7", "Natalia sold 48/2 = 24 clips.\n#### 7", None) == 1.0
+
+
+def test_builtin_sources_are_registered():
+    assert rw.get_reward_fn("openai/gsm8k") is rw.gsm8k_score
+    assert rw.get_reward_fn("hiyouga/geometry3k") is rw.geo3k_score
+    for source in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"):
+        assert rw.get_reward_fn(source) is rw.math_score
+    assert {"openai/gsm8k", "lighteval/MATH"} <= set(rw.registered_sources())
+
+
+def test_register_get_and_conflicts():
+    @rw.register("test/a", "test/b")
+    def constant(solution_str, ground_truth, extra_info):
+        return 0.25
+
+    try:
+        assert rw.get_reward_fn("test/a") is constant and rw.get_reward_fn("test/b") is constant
+        rw.register("test/a")(constant)  # the same function again is fine (module re-import)
+
+        def other(solution_str, ground_truth, extra_info):
+            return 1.0
+
+        with pytest.raises(ValueError, match="already has reward function"):
+            rw.register("test/a")(other)
+    finally:
+        rw.unregister("test/a")
+        rw.unregister("test/b")
+    with pytest.raises(
+        rw.UnknownDataSourceError, match=r"no reward function for data_source 'test/a'.*custom_fn"
+    ):
+        rw.get_reward_fn("test/a")
+    with pytest.raises(ValueError, match="non-empty"):
+        rw.register()
+
+
+def test_load_custom_fn(tmp_path, monkeypatch):
+    (tmp_path / "my_custom_reward.py").write_text(
+        "class Scorers:\n"
+        "    @staticmethod\n"
+        "    def exact(solution_str, ground_truth, extra_info):\n"
+        "        return float(solution_str == ground_truth)\n"
+        "def length(solution_str, ground_truth, extra_info):\n"
+        "    return len(solution_str) / 10\n"
+        "NOT_CALLABLE = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert rw.load_custom_fn("my_custom_reward:length")("abcde", None, None) == 0.5
+    assert rw.load_custom_fn("my_custom_reward:Scorers.exact")("a", "a", None) == 1.0
+    with pytest.raises(rw.CustomRewardError, match=r"must look like 'package\.module:function'"):
+        rw.load_custom_fn("my_custom_reward.length")
+    with pytest.raises(rw.CustomRewardError, match="cannot import module 'no_such_module_xyz'"):
+        rw.load_custom_fn("no_such_module_xyz:fn")
+    with pytest.raises(rw.CustomRewardError, match="has no attribute 'missing'"):
+        rw.load_custom_fn("my_custom_reward:missing")
+    with pytest.raises(rw.CustomRewardError, match="not a function"):
+        rw.load_custom_fn("my_custom_reward:NOT_CALLABLE")
+
+
+def test_public_api_is_frozen():
+    assert rw.__all__ == [
+        "CustomRewardError",
+        "RewardFn",
+        "RewardItem",
+        "RewardManager",
+        "RewardResult",
+        "UnknownDataSourceError",
+        "answers_match",
+        "geo3k_score",
+        "get_reward_fn",
+        "gsm8k_score",
+        "last_boxed",
+        "load_custom_fn",
+        "math_score",
+        "normalize_answer",
+        "register",
+        "registered_sources",
+        "unregister",
+    ]
