@@ -259,7 +259,8 @@ def test_user_errors_exit_2_with_one_message(argv, env, message, launch_env, mon
     assert "Traceback" not in err
 
 
-def test_missing_model_is_a_clean_error(launch_env, capsys) -> None:
+def test_missing_model_is_a_clean_error(launch_env, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")  # a cluster driver: no local GPU needed
     assert main_122b(["--device", "gpu", "--output-dir", "/o"]) == 2
     err = capsys.readouterr().err
     assert "model path /home/grpo/models/Qwen3.5-122B-A10B does not exist" in err
@@ -271,6 +272,7 @@ def test_missing_data_is_a_clean_error(launch_env, monkeypatch, tmp_path, capsys
     model.mkdir()
     (model / "config.json").write_text("{}")
     monkeypatch.setenv("MODEL_PATH", str(model))
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
     monkeypatch.setenv("TRAIN_FILES", str(tmp_path / "missing.parquet"))
     monkeypatch.setenv("VAL_FILES", str(tmp_path / "missing_val.parquet"))
     assert main_35b(["--device", "npu", "--output-dir", str(tmp_path / "out")]) == 2
@@ -291,7 +293,10 @@ def test_dry_run_warns_about_what_a_real_run_would_stop_on(launch_env, capsys) -
 
 def test_console_script_exit_code_and_json_logs(tmp_path) -> None:
     """The installed entry point, in a child process whose stderr is a pipe (not a TTY)."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV} | {"HOME": str(tmp_path)}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV} | {
+        "HOME": str(tmp_path),
+        "RAY_ADDRESS": "h:1",
+    }
     script = Path(sys.executable).with_name("grpo-launch-35b")
     proc = subprocess.run(
         [str(script), "--device", "gpu", "--output-dir", str(tmp_path / "o")],
@@ -348,6 +353,7 @@ def test_full_run_does_the_common_steps_then_trains(
         "DATA_SOURCE": str(tmp_path / "geo3k_src"),
         "https_proxy": "http://proxy:3128",
         "HCCL_CONNECT_TIMEOUT": "7200",
+        "RAY_ADDRESS": "head:6379",  # a cluster driver: no local NPU needed
     }.items():
         monkeypatch.setenv(key, value)
     seen: list[object] = []
@@ -365,3 +371,12 @@ def test_full_run_does_the_common_steps_then_trains(
     assert os.environ["HCCL_CONNECT_TIMEOUT"] == "7200"  # the user's value wins
     assert os.environ["TASK_QUEUE_ENABLE"] == "1" and os.environ["HCCL_BUFFSIZE"] == "200"
     assert cfg.checkpoint.dir == str(tmp_path / "out/checkpoints")
+
+
+def test_a_real_run_on_a_missing_accelerator_stops_early(launch_env, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if grpo_device.detect(environ={}) is not grpo_device.DeviceKind.CPU:
+        pytest.skip("this machine has an accelerator")
+    assert main_35b(["--device", "gpu", "--output-dir", "/o"]) == 2
+    err = capsys.readouterr().err
+    assert "torch.cuda.is_available() is False" in err and "Traceback" not in err

@@ -75,9 +75,18 @@ def unset_proxies(environ: MutableMapping[str, str]) -> list[str]:
     return removed
 
 
+def check_device_usable(plan: LaunchPlan, environ: MutableMapping[str, str]) -> None:
+    """Fail before any work when the chosen accelerator is not usable in this process. Skipped when
+    joining a Ray cluster (`RAY_ADDRESS`): the driver may run on a node without accelerators."""
+    if plan.device == "cpu" or environ.get("RAY_ADDRESS"):
+        return
+    grpo_device.detect(environ={"DEVICE": plan.device})  # raises DeviceUnavailableError with the fix
+
+
 def run_common_steps(plan: LaunchPlan, *, environ: MutableMapping[str, str] | None = None) -> None:
-    """Every device, in order: model check, data, proxies, environment profile."""
+    """Every device, in order: device check, model check, data, proxies, environment profile."""
     environ = os.environ if environ is None else environ
+    check_device_usable(plan, environ)
     if plan.preset == "full":
         problem = model_problem(plan)
         if problem:
