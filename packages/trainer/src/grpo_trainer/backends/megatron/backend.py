@@ -38,9 +38,23 @@ _SUMMED_METRICS = ("pg_loss", "kl_loss", "loss")
 class MegatronBackend:
     """Call every method on every rank in the same order (they run collectives)."""
 
-    def __init__(self, cfg: TrainerConfig, *, policy: BuiltPolicy, ref: BuiltPolicy | None) -> None:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        *,
+        device: torch.device | None = None,
+        policy: BuiltPolicy | None = None,
+        ref: BuiltPolicy | None = None,
+    ) -> None:
+        """Builds the policy (and the reference model when actor.use_kl_loss) from
+        `cfg.actor.model_path` unless given. `device` is accepted for `make_backend`; the device is
+        the CUDA device of this process (LOCAL_RANK)."""
         from megatron.core import parallel_state
 
+        if policy is None:
+            if not cfg.actor.model_path:
+                raise ValueError("actor.model_path is empty: set it to an HF checkpoint directory")
+            policy, ref = _build_models(cfg, model_path=cfg.actor.model_path)
         self.cfg = cfg
         self.actor = cfg.actor
         self.policy = policy
@@ -54,15 +68,7 @@ class MegatronBackend:
 
     @classmethod
     def from_config(cls, cfg: TrainerConfig, *, model_path: str) -> MegatronBackend:
-        if cfg.parallel.cp > 1:
-            raise ValueError(
-                "parallel.cp > 1 is not supported by the megatron backend's log-prob path yet; set parallel.cp=1"
-            )
-        policy = build_policy(cfg, model_path=model_path)
-        ref = None
-        if cfg.actor.use_kl_loss:
-            ref_path = cfg.ref.model_path or model_path
-            ref = build_policy(cfg, model_path=ref_path, megatron=cfg.ref.megatron, trainable=False)
+        policy, ref = _build_models(cfg, model_path=model_path)
         return cls(cfg, policy=policy, ref=ref)
 
     # -- forward machinery ----------------------------------------------------------------------
@@ -289,3 +295,16 @@ class MegatronBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps_done = load_policy_state(self.model, self.optimizer, state)
+
+
+def _build_models(cfg: TrainerConfig, *, model_path: str) -> tuple[BuiltPolicy, BuiltPolicy | None]:
+    if cfg.parallel.cp > 1:
+        raise ValueError(
+            "parallel.cp > 1 is not supported by the megatron backend's log-prob path yet; set parallel.cp=1"
+        )
+    policy = build_policy(cfg, model_path=model_path)
+    ref = None
+    if cfg.actor.use_kl_loss:
+        ref_path = cfg.ref.model_path or model_path
+        ref = build_policy(cfg, model_path=ref_path, megatron=cfg.ref.megatron, trainable=False)
+    return policy, ref

@@ -86,7 +86,6 @@ def configure_provider(
     settings["params_dtype"] = _DTYPES[cfg.actor.dtype]
     settings["pipeline_dtype"] = _DTYPES[cfg.actor.dtype]
     settings["seq_length"] = seq_length
-    settings["variable_seq_lengths"] = True
     for name, value in {**settings, **overrides}.items():
         setattr(provider, name, value)
     if megatron.transformer_impl == "local":

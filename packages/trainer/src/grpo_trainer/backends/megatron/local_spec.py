@@ -12,6 +12,7 @@ Imports megatron: only imported by the Megatron backend.
 from __future__ import annotations
 
 import torch
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
     get_linear_attention_pattern,
@@ -36,7 +37,6 @@ from megatron.core.transformer.transformer_layer import (
     TransformerLayerSubmodules,
     get_transformer_layer_offset,
 )
-from megatron.core.transformer.utils import get_bias_dropout_add
 
 
 class LocalRMSNorm(torch.nn.Module):

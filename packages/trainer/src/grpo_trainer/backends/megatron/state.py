@@ -38,7 +38,9 @@ def policy_state(model: list[torch.nn.Module], optimizer: Any, *, steps_done: in
     for sub in _sub_optimizers(optimizer):
         entry: dict[str, Any] = {"state_dict": sub.state_dict()}
         if _is_distributed(sub):
-            entry["param_state"] = sub.get_parameter_state_dp_zero(return_on_all_ranks=True)
+            entry["param_state"] = _encode_param_state(
+                sub.get_parameter_state_dp_zero(return_on_all_ranks=True)
+            )
         optimizers.append(entry)
     return {
         "model": _model_state(model),
@@ -74,4 +76,27 @@ def _load_optimizer_state(optimizer: Any, entries: list[dict[str, Any]]) -> None
     for sub, entry in zip(subs, entries, strict=True):
         sub.load_state_dict(entry["state_dict"])
         if "param_state" in entry:
-            sub.load_parameter_state_from_dp_zero(entry["param_state"])
+            sub.load_parameter_state_from_dp_zero(_decode_param_state(entry["param_state"]))
+
+
+# Megatron keys the gathered Adam state by buffer index and a (param dtype, grad dtype) tuple:
+# stored as a list of {"dtypes": [names], "tensors": {...}} so that JSON can hold the structure.
+def _encode_param_state(param_state: dict[Any, Any]) -> dict[str, Any]:
+    buffers = []
+    for index in sorted(k for k in param_state if isinstance(k, int)):
+        for dtypes, tensors in param_state[index].items():
+            names = [
+                str(d).removeprefix("torch.") for d in (dtypes if isinstance(dtypes, tuple) else (dtypes,))
+            ]
+            buffers.append({"index": index, "dtypes": names, "tensors": tensors})
+    return {"buckets_coalesced": bool(param_state.get("buckets_coalesced", True)), "buffers": buffers}
+
+
+def _decode_param_state(encoded: dict[str, Any]) -> dict[Any, Any]:
+    state: dict[Any, Any] = {"buckets_coalesced": encoded["buckets_coalesced"]}
+    for entry in encoded["buffers"]:
+        dtypes = tuple(getattr(torch, name) for name in entry["dtypes"])
+        key = dtypes if len(dtypes) > 1 else dtypes[0]
+        tensors = {k: (int(v) if k == "numel_unpadded" else v) for k, v in entry["tensors"].items()}
+        state.setdefault(int(entry["index"]), {})[key] = tensors
+    return state

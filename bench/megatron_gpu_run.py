@@ -1,0 +1,381 @@
+"""Megatron backend on one GPU: GRPO steps end to end, HF export round trip, log-probs vs HF, and
+the actor-update throughput / MFU of a larger model.
+
+    PYTHONPATH=packages/trainer/src:packages/config/src:packages/device/src:packages/ckpt/src:packages/trainer/tests/megatron \
+        python bench/megatron_gpu_run.py --out $OUT [--phases grpo,mfu] [--mfu-layers 16 ...]
+
+Random-weight Qwen3.5-MoE text models (Gated DeltaNet + gated attention + MoE with shared expert),
+TP=PP=EP=1, transformer_impl=local (the GPU machine has no transformer_engine). The rollout engine
+is `hf` (transformers generate on a second, HF copy of the policy, synced after every update).
+The task: reward = fraction of response tokens with an even token id (0.5 at random init).
+Results go to OUT/megatron_gpu_run.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+import traceback
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+H200_BF16_DENSE_PEAK = 989e12
+RESULTS: dict[str, Any] = {}
+
+
+def megatron_cfg(*, model_path: str, use_kl_loss: bool, micro_batch: int, seq: int) -> Any:
+    from grpo_config.schema import ActorConfig, DataConfig, MegatronConfig, TrainerConfig
+
+    mc = MegatronConfig(
+        transformer_impl="local",
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+        moe_token_dispatcher_type="alltoall",
+        moe_router_load_balancing_type="none",
+        attention_backend="auto",
+        use_distributed_optimizer=True,
+    )
+    actor = ActorConfig(
+        model_path=model_path,
+        backend="megatron",
+        lr=2e-5,
+        grad_clip=1.0,
+        ppo_micro_batch_size_per_device=micro_batch,
+        log_prob_micro_batch_size_per_device=micro_batch,
+        use_kl_loss=use_kl_loss,
+        kl_loss_coef=0.001,
+        entropy_coeff=0.0,
+        megatron=mc,
+    )
+    return TrainerConfig(
+        actor=actor, data=DataConfig(max_prompt_length=seq // 2, max_response_length=seq // 2)
+    )
+
+
+def hf_in_memory_names(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Checkpoint-format names (per-expert `experts.N.gate_proj.weight`) -> the fused in-memory
+    tensors of transformers' Qwen3.5-MoE (`experts.gate_up_proj` [E, 2F, H], `experts.down_proj`)."""
+    pattern = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = defaultdict(dict)
+    for name, tensor in named:
+        match = pattern.match(name)
+        if match is None:
+            yield name, tensor
+            continue
+        experts[match.group(1)][(int(match.group(2)), match.group(3))] = tensor
+    for prefix, parts in experts.items():
+        count = 1 + max(index for index, _ in parts)
+        yield (
+            f"{prefix}.gate_up_proj",
+            torch.stack([torch.cat([parts[(i, "gate")], parts[(i, "up")]], dim=0) for i in range(count)]),
+        )
+        yield f"{prefix}.down_proj", torch.stack([parts[(i, "down")] for i in range(count)])
+
+
+def hf_log_probs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    with torch.no_grad():
+        logits = (
+            model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+        )
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
+
+
+def reward(token_ids: list[int]) -> float:
+    return sum(1 for t in token_ids if t % 2 == 0) / max(len(token_ids), 1)
+
+
+def build_batch(prompts: list[list[int]], generations: list[Any], pad: int) -> tuple[Any, torch.Tensor]:
+    from grpo_trainer.protocols import PolicyBatch
+
+    rows = [prompts[g.prompt_index] + g.token_ids for g in generations]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, (row, g) in enumerate(zip(rows, generations, strict=True)):
+        ids[i, : len(row)] = torch.tensor(row)
+        attn[i, : len(row)] = 1
+        resp[i, len(prompts[g.prompt_index]) : len(row)] = 1
+    return PolicyBatch(input_ids=ids, attention_mask=attn, response_mask=resp), torch.tensor(
+        [reward(g.token_ids) for g in generations]
+    )
+
+
+def phase_grpo(out: Path, steps: int) -> None:
+    import tiny_hf
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from grpo_trainer import grpo_math
+    from grpo_trainer.backends.megatron import MegatronBackend
+    from grpo_trainer.protocols import SamplingParams
+    from grpo_trainer.rollout.hf_engine import HFRolloutEngine
+
+    work = Path(tempfile.mkdtemp())
+    model_path = tiny_hf.save_random_model(tiny_hf.qwen35_moe_config(num_hidden_layers=4), work / "hf")
+    cfg = megatron_cfg(model_path=str(model_path), use_kl_loss=True, micro_batch=16, seq=256)
+    t0 = time.perf_counter()
+    backend = MegatronBackend.from_config(cfg, model_path=str(model_path))
+    RESULTS["grpo_build_s"] = time.perf_counter() - t0
+
+    # HF export, strict, before training: must equal the input checkpoint exactly.
+    source = load_file(str(model_path / "model.safetensors"))
+    export_dir = work / "export"
+    backend.export_hf(str(export_dir), strict=True)
+    exported = {}
+    for f in export_dir.glob("*.safetensors"):
+        exported.update(load_file(str(f)))
+    RESULTS["export_keys_equal"] = sorted(exported) == sorted(source)
+    RESULTS["export_max_abs_diff"] = max(
+        (exported[k].float() - source[k].float()).abs().max().item() for k in source
+    )
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).cuda()
+    own = dict(hf.named_parameters())
+    synced = dict(hf_in_memory_names(backend.named_weights()))
+    RESULTS["named_weights_vs_hf_max_abs_diff"] = max(
+        (synced[k].float() - own[k].float()).abs().max().item() for k in own
+    )
+    engine = HFRolloutEngine(model=hf, eos_token_id=2, pad_token_id=0)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 512, (16,), generator=gen).tolist() for _ in range(16)]
+    params = SamplingParams(n=8, temperature=1.0, max_tokens=48, seed=None)
+    history = []
+    for step in range(steps):
+        t_step = time.perf_counter()
+        generations = engine.generate(prompts, params)
+        t_gen = time.perf_counter() - t_step
+        batch, rewards = build_batch(prompts, generations, pad=0)
+        groups = [g.prompt_index for g in generations]
+        batch.advantages = grpo_math.group_advantages(rewards, groups, norm_by_std=True, eps=1e-6)
+        old = backend.log_probs(batch)["log_probs"]
+        if step == 0:  # same weights in both: Megatron vs HF log-probs on the sampled responses
+            ref_hf = hf_log_probs(hf, batch.input_ids.cuda(), batch.attention_mask.cuda()).cpu()
+            mask = batch.response_mask.bool()
+            diff = (old - ref_hf).abs()[mask]
+            rollout_lp = torch.cat([torch.tensor(g.logprobs) for g in generations])
+            RESULTS["logprob_vs_hf"] = {"max_abs": diff.max().item(), "mean_abs": diff.mean().item()}
+            RESULTS["logprob_vs_rollout_mean_abs"] = (old[mask] - rollout_lp).abs().mean().item()
+        batch.old_log_probs = old
+        batch.ref_log_probs = backend.ref_log_probs(batch)
+        torch.cuda.synchronize()
+        t_upd = time.perf_counter()
+        metrics = backend.update(batch)
+        torch.cuda.synchronize()
+        t_upd = time.perf_counter() - t_upd
+        engine.update_weights(hf_in_memory_names(backend.named_weights()))
+        row = {
+            "step": step,
+            "reward_mean": rewards.mean().item(),
+            "gen_s": t_gen,
+            "update_s": t_upd,
+            "step_s": time.perf_counter() - t_step,
+            **{k: metrics[k] for k in ("loss", "pg_loss", "kl_loss", "entropy", "grad_norm", "ppo_kl")},
+        }
+        history.append(row)
+        print(json.dumps(row), flush=True)
+    RESULTS["grpo_steps"] = history
+    RESULTS["grpo_loss_finite"] = all(math.isfinite(r["loss"]) for r in history)
+    state_roundtrip(backend, batch, work)
+    del backend, hf, engine
+    torch.cuda.empty_cache()
+
+
+def state_roundtrip(backend: Any, batch: Any, work: Path) -> None:
+    """Checkpoint through grpo_ckpt, one more update, load back: log-probs return to the saved ones."""
+    from grpo_ckpt import CheckpointManager
+
+    before = backend.log_probs(batch)["log_probs"]
+    state = backend.state_dict()
+    manager = CheckpointManager(work / "ckpt")
+    manager.save(
+        1,
+        model=state["model"],
+        optimizer=state["optimizer"],
+        scheduler=state["scheduler"],
+        trainer_state={"step": 1},
+    )
+    backend.update(batch)
+    moved = (backend.log_probs(batch)["log_probs"] - before).abs().max().item()
+    loaded = manager.load(manager.latest_complete())
+    backend.load_state_dict(
+        {"model": loaded.model, "optimizer": loaded.optimizer, "scheduler": loaded.scheduler}
+    )
+    back = (backend.log_probs(batch)["log_probs"] - before).abs().max().item()
+    RESULTS["ckpt_roundtrip"] = {"moved_after_update": moved, "max_abs_after_load": back}
+
+
+def active_params(config: Any) -> dict[str, float]:
+    """Matmul parameters a token passes through (embedding lookup excluded, lm_head included)."""
+    h = config.hidden_size
+    attn_full = (
+        h * config.num_attention_heads * config.head_dim * 2
+        + 2 * h * config.num_key_value_heads * config.head_dim
+    )
+    attn_full += config.num_attention_heads * config.head_dim * h
+    kd, vd = (
+        config.linear_key_head_dim * config.linear_num_key_heads,
+        config.linear_value_head_dim * config.linear_num_value_heads,
+    )
+    gdn = h * (2 * kd + 2 * vd + 2 * config.linear_num_value_heads) + vd * h
+    ffn = (
+        3 * h * config.moe_intermediate_size * config.num_experts_per_tok
+        + 3 * h * config.shared_expert_intermediate_size
+    )
+    ffn += h * config.num_experts + h
+    full_layers = sum(t == "full_attention" for t in config.layer_types)
+    lin_layers = config.num_hidden_layers - full_layers
+    return {
+        "active": full_layers * attn_full
+        + lin_layers * gdn
+        + config.num_hidden_layers * ffn
+        + h * config.vocab_size,
+        "full_layers": full_layers,
+        "linear_layers": lin_layers,
+    }
+
+
+def step_flops(config: Any, *, batch: int, seq: int) -> float:
+    """Forward+backward FLOPs: 6 * N_active * tokens + causal attention (QK^T, AV) of the full
+    attention layers + the chunked delta-rule state updates of the Gated DeltaNet layers."""
+    counts = active_params(config)
+    tokens = batch * seq
+    dense = 6 * counts["active"] * tokens
+    attn = (
+        3
+        * counts["full_layers"]
+        * 2
+        * 2
+        * config.num_attention_heads
+        * config.head_dim
+        * seq
+        * seq
+        / 2
+        * batch
+    )
+    gdn_state = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
+    gdn = 3 * counts["linear_layers"] * 4 * gdn_state * tokens
+    return dense + attn + gdn
+
+
+def phase_mfu(
+    layers: int, experts: int, topk: int, moe_ffn: int, hidden: int, batch: int, seq: int, micro: int
+) -> None:
+    import tiny_hf
+
+    from grpo_trainer.backends.megatron import MegatronBackend
+    from grpo_trainer.protocols import PolicyBatch
+
+    work = Path(tempfile.mkdtemp())
+    heads = hidden // 128
+    config = tiny_hf.qwen35_moe_config(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=max(heads // 8, 1),
+        head_dim=256,
+        linear_num_key_heads=heads,
+        linear_num_value_heads=2 * heads,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        num_experts=experts,
+        num_experts_per_tok=topk,
+        moe_intermediate_size=moe_ffn,
+        shared_expert_intermediate_size=moe_ffn,
+        vocab_size=32768,
+        max_position_embeddings=seq,
+    )
+    model_path = tiny_hf.save_random_model(config, work / "hf", device="cuda")
+    torch.cuda.empty_cache()
+    cfg = megatron_cfg(model_path=str(model_path), use_kl_loss=False, micro_batch=micro, seq=seq)
+    backend = MegatronBackend.from_config(cfg, model_path=str(model_path))
+    ids = torch.randint(3, config.vocab_size, (batch, seq))
+    resp = torch.zeros(batch, seq)
+    resp[:, seq // 4 :] = 1
+    pb = PolicyBatch(
+        input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=resp, advantages=torch.randn(batch)
+    )
+    pb.old_log_probs = backend.log_probs(pb)["log_probs"]
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(4):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        metrics = backend.update(pb)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    step_s = sorted(times[1:])[len(times[1:]) // 2]
+    flops = step_flops(config, batch=batch, seq=seq)
+    counts = active_params(config)
+    total = sum(p.numel() for chunk in backend.model for p in chunk.parameters())
+    row = {
+        "layers": layers,
+        "hidden": hidden,
+        "experts": experts,
+        "topk": topk,
+        "moe_ffn": moe_ffn,
+        "batch": batch,
+        "seq": seq,
+        "micro_batch": micro,
+        "params_total": total,
+        "params_active": counts["active"],
+        "update_s_median": step_s,
+        "update_s_all": times,
+        "tokens_per_s": batch * seq / step_s,
+        "tflops": flops / step_s / 1e12,
+        "mfu": flops / step_s / H200_BF16_DENSE_PEAK,
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "loss": metrics["loss"],
+    }
+    RESULTS.setdefault("mfu", []).append(row)
+    print(json.dumps(row), flush=True)
+    del backend
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--phases", default="grpo,mfu")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument(
+        "--mfu",
+        action="append",
+        default=[],
+        help="layers,experts,topk,moe_ffn,hidden,batch,seq,micro (repeatable)",
+    )
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    RESULTS["device"] = torch.cuda.get_device_name()
+    jobs: list[tuple[str, Any]] = []
+    if "grpo" in args.phases:
+        jobs.append(("grpo", lambda: phase_grpo(args.out, args.steps)))
+    if "mfu" in args.phases:
+        for spec in args.mfu or ["8,64,8,512,2048,16,2048,4", "10,16,2,4096,2048,16,2048,4"]:
+            values = [int(v) for v in spec.split(",")]
+            jobs.append((f"mfu:{spec}", lambda values=values: phase_mfu(*values)))
+    for name, job in jobs:
+        try:
+            job()
+        except Exception:  # record and go on to the next phase: device time is scarce
+            RESULTS.setdefault("errors", {})[name] = traceback.format_exc()[-4000:]
+            traceback.print_exc()
+        (args.out / "megatron_gpu_run.json").write_text(json.dumps(RESULTS, indent=2, default=str))
+    print(json.dumps({k: v for k, v in RESULTS.items() if k != "errors"}, default=str)[:6000])
+    sys.exit(1 if "errors" in RESULTS else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Random-weight HF checkpoints of the Qwen families the Megatron backend supports, written to a
+directory (no download). Shared by the megatron tests and bench/megatron_gpu_run.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def qwen35_moe_config(**overrides: Any) -> Any:
+    """Qwen3.5-MoE text shape (hybrid: 3 Gated DeltaNet layers then 1 gated attention layer),
+    shrunk. Head dims stay >= 64 (vLLM CPU and the FLA kernels want them)."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    layers = overrides.pop("num_hidden_layers", 4)
+    values: dict[str, Any] = {
+        "vocab_size": 512,
+        "hidden_size": 256,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_conv_kernel_dim": 4,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        "layer_types": [
+            ("full_attention" if (i + 1) % 4 == 0 else "linear_attention") for i in range(layers)
+        ],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    values.update(overrides)
+    return Qwen3_5MoeTextConfig(**values)
+
+
+def qwen3_moe_config(**overrides: Any) -> Any:
+    from transformers import Qwen3MoeConfig
+
+    values: dict[str, Any] = {
+        "vocab_size": 512,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    values.update(overrides)
+    return Qwen3MoeConfig(**values)
+
+
+def qwen3_dense_config(**overrides: Any) -> Any:
+    from transformers import Qwen3Config
+
+    values: dict[str, Any] = {
+        "vocab_size": 512,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    values.update(overrides)
+    return Qwen3Config(**values)
+
+
+def save_random_model(
+    config: Any, path: Path, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+) -> Path:
+    """Write a random-weight causal LM for `config` (safetensors + config.json) to `path`
+    (`device="cuda"` initialises large models much faster)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            # Norm weights at random values too, so a wrong zero-centring shows up in comparisons.
+            if param.dim() == 1 and "norm" in name:
+                param.normal_(mean=0.0 if _zero_centred(config, name) else 1.0, std=0.1)
+    model.save_pretrained(path)
+    return path
+
+
+def _zero_centred(config: Any, name: str) -> bool:
+    return config.model_type.startswith("qwen3_5") and "linear_attn.norm" not in name
