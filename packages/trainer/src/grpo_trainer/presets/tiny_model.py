@@ -1,0 +1,114 @@
+"""A tokenizer trained on the fly and a shrunk random-weight model of the Qwen3.5 MoE family.
+
+`Qwen3_5MoeForCausalLM` keeps what makes the family: hybrid layers (three Gated DeltaNet linear
+attention layers, then one gated full attention layer), routed experts with top-k routing and a
+gated shared expert. Sizes respect what vLLM's CPU backend accepts (attention head_dim 32, linear
+attention head dim 64), so the vLLM engine can serve the same checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger()
+
+PAD_TOKEN = "<|pad|>"
+EOS_TOKEN = "<|endoftext|>"
+# The prompt is the user's words and the model answers right after them: no role markers, which
+# the tiny model has no use for and which would cost CPU time on every token.
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+SEED = 1234
+
+
+def build_tokenizer(texts: list[str], *, vocab_size: int):
+    """A byte-level BPE trained on `texts` with the Qwen3.5 pre-tokenizer (digits one per token),
+    so `AutoTokenizer` (which picks `Qwen3_5Tokenizer` for this model type and rebuilds that
+    pipeline) encodes exactly as trained. Only bytes seen in `texts` enter the vocabulary, which
+    keeps it small: a random model then emits a digit often enough to be rewarded."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen3_5.tokenization_qwen3_5 import PRETOKENIZE_REGEX
+
+    core = Tokenizer(models.BPE())
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[PAD_TOKEN, EOS_TOKEN], show_progress=False
+    )
+    core.train_from_iterator(texts, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(*, vocab_size: int, pad_token_id: int, eos_token_id: int, max_positions: int):
+    """Random-weight `Qwen3_5MoeForCausalLM` (~1 M parameters), float32, fixed seed."""
+    import torch
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        max_position_embeddings=max_positions,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = Qwen3_5MoeForCausalLM(config)
+    return model
+
+
+def ensure_tiny_model(model_dir: Path, *, texts: list[str], vocab_size: int = 48) -> Path:
+    """Build tokenizer + model into `model_dir` unless a complete one is already there."""
+    marker = model_dir / "config.json"
+    if marker.exists() and (model_dir / "tokenizer.json").exists():
+        return model_dir
+    tmp = model_dir.with_name(model_dir.name + ".tmp")
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    model = build_model(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        max_positions=256,
+    )
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if model_dir.exists():  # a partial earlier build
+        import shutil
+
+        shutil.rmtree(model_dir)
+    tmp.replace(model_dir)
+    log.info(
+        "tiny_model.built",
+        path=str(model_dir),
+        vocab_size=len(tokenizer),
+        parameters=sum(p.numel() for p in model.parameters()),
+    )
+    return model_dir

@@ -1,0 +1,48 @@
+"""Rollout engines: `hf` (transformers generate) and `vllm` (lazy import)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from grpo_trainer.rollout.hf_engine import HFRolloutEngine
+
+if TYPE_CHECKING:
+    from grpo_config.schema import TrainerConfig
+    from grpo_trainer.protocols import RolloutEngine
+
+ENGINES = ("hf", "vllm")
+
+__all__ = ["ENGINES", "HFRolloutEngine", "make_rollout_engine"]
+
+
+def make_rollout_engine(
+    cfg: TrainerConfig, *, device: torch.device, tokenizer: Any, policy_module: torch.nn.Module | None = None
+) -> RolloutEngine:
+    """The `rollout.engine` named in `cfg`. For `hf`, `policy_module` (the trainer's own HF model)
+    is shared when given, so weight sync costs nothing; otherwise a copy is loaded from
+    `actor.model_path` and kept in sync through `update_weights`."""
+    name = cfg.rollout.engine
+    if name == "hf":
+        from grpo_trainer.backends.hf_model import DTYPES, load_causal_lm
+
+        model = (
+            policy_module
+            if policy_module is not None
+            else load_causal_lm(cfg.actor.model_path, device=device)
+        )
+        dtype = DTYPES[cfg.actor.dtype]
+        return HFRolloutEngine(
+            model=model,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else tokenizer.eos_token_id,
+            autocast_dtype=None if dtype == torch.float32 else dtype,
+        )
+    if name == "vllm":
+        from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(cfg, device=device)
+    raise ValueError(f"rollout.engine={name!r} is unknown; use one of {list(ENGINES)}")
