@@ -1,0 +1,223 @@
+"""The Hugging Face TRL side of bench_grpo_vs_trl.py: `trl.GRPOTrainer` configured from a
+`BenchSpec` (same model directory, prompts, group size, lengths, sampling, optimizer steps per
+rollout, KL on/off and reward function as our trainer), timed step by step with a callback.
+
+Runs in its own process (the `bench` hatch env, which has trl). One TRL "GRPO step" here is one
+generation batch (`prompts_per_step` x `n` completions) and the optimizer steps made on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from _trl_spec import BenchSpec, SideResult
+
+# Our loss_agg_mode -> TRL's loss_type with the same normalisation (see GRPOConfig.loss_type).
+LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
+
+
+def read_rows(files: list[str]) -> list[dict[str, Any]]:
+    """verl-format rows (parquet or jsonl) flattened to TRL's columns: a conversational `prompt`
+    plus `ground_truth` and `data_source`, which TRL hands to the reward function as kwargs."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    for name in files:
+        path = Path(name)
+        if path.suffix == ".parquet":
+            raw = pq.read_table(path).to_pylist()
+        else:
+            raw = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        for row in raw:
+            rows.append(
+                {
+                    "prompt": [{"role": m["role"], "content": m["content"]} for m in row["prompt"]],
+                    "ground_truth": str(row["reward_model"]["ground_truth"]),
+                    "data_source": row["data_source"],
+                }
+            )
+    if not rows:
+        raise ValueError(f"no rows in {files}")
+    return rows
+
+
+class RolloutLedger:
+    """Filled by the reward function (called once per generation batch): rewards and sampled tokens."""
+
+    def __init__(self) -> None:
+        self.mean_rewards: list[float] = []
+        self.generated_tokens: list[int] = []
+
+
+def make_reward_func(ledger: RolloutLedger):
+    """Our registered reward (by each row's data_source) as a TRL reward function."""
+    import grpo_trainer.presets  # noqa: F401  (registers the tiny task's reward, "grpo/tiny")
+    from grpo_trainer.rewards import get_reward_fn
+    from grpo_trainer.rewards.protocol import as_score
+
+    def grpo_registered_reward(
+        *,
+        completions: list[Any],
+        completion_ids: list[list[int]],
+        ground_truth: list[str],
+        data_source: list[str],
+        **_: Any,
+    ) -> list[float]:
+        scores = []
+        for completion, truth, source in zip(completions, ground_truth, data_source, strict=True):
+            text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
+            scores.append(as_score(get_reward_fn(source)(text, truth, None)))
+        ledger.mean_rewards.append(sum(scores) / len(scores))
+        ledger.generated_tokens.append(sum(len(ids) for ids in completion_ids))
+        return scores
+
+    return grpo_registered_reward
+
+
+def trl_batch_rows(spec: BenchSpec, requested: int | None) -> int:
+    """Rows per TRL forward/backward (per_device_train_batch_size). Default: what our workers run
+    per forward in total (micro batch x workers), capped at one mini-batch."""
+    mini_rows = spec.mini_batch_prompts * spec.n
+    rows = requested or min(spec.micro_batch_rows * spec.world_size, mini_rows)
+    if mini_rows % rows:
+        raise ValueError(f"--trl-batch-rows {rows} must divide the mini-batch of {mini_rows} completions")
+    return rows
+
+
+def grpo_config(spec: BenchSpec, *, output_dir: Path, batch_rows: int, experts: str):
+    import torch
+    from trl import GRPOConfig
+
+    if spec.loss_agg_mode not in LOSS_TYPES:
+        raise ValueError(
+            f"loss_agg_mode {spec.loss_agg_mode!r} has no TRL equivalent; use one of {sorted(LOSS_TYPES)}"
+        )
+    rollout_rows = spec.completions_per_step
+    mini_rows = spec.mini_batch_prompts * spec.n
+    model_kwargs: dict[str, Any] = {"dtype": torch.float32}  # fp32 master weights, as ours
+    if experts != "default":
+        model_kwargs["experts_implementation"] = experts
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        bf16=spec.dtype == "bfloat16",
+        fp16=spec.dtype == "float16",
+        model_init_kwargs=model_kwargs,
+        seed=spec.seed,
+        data_seed=spec.seed,
+        max_steps=spec.total_steps * spec.optimizer_steps_per_rollout,
+        # Batch geometry: one generation batch per GRPO step, one optimizer step per mini-batch.
+        per_device_train_batch_size=batch_rows,
+        gradient_accumulation_steps=mini_rows // batch_rows,
+        steps_per_generation=rollout_rows // batch_rows,
+        num_iterations=spec.ppo_epochs,
+        num_generations=spec.n,
+        max_completion_length=spec.max_response_length,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        top_k=max(spec.top_k, 0),
+        # Objective.
+        beta=spec.kl_loss_coef if spec.use_kl_loss else 0.0,
+        loss_type=LOSS_TYPES[spec.loss_agg_mode],
+        epsilon=spec.clip_ratio_low,
+        epsilon_high=spec.clip_ratio_high,
+        scale_rewards="group" if spec.norm_adv_by_std else "none",
+        router_aux_loss_coef=0.0,  # our torch backend adds no MoE load-balancing loss
+        # Optimizer: AdamW, constant lr after linear warm-up, grad-norm clip.
+        optim="adamw_torch",
+        learning_rate=spec.lr,
+        lr_scheduler_type="constant_with_warmup" if spec.lr_warmup_steps else "constant",
+        warmup_steps=spec.lr_warmup_steps,
+        weight_decay=spec.weight_decay,
+        max_grad_norm=spec.grad_clip,
+        # Nothing else in the timed loop: no eval, saves, hub, trackers or completion tables.
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        log_completions=False,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
+def notes(spec: BenchSpec, *, batch_rows: int, experts: str, threads: int) -> list[str]:
+    kl = (
+        f"k3 KL to a frozen reference, beta={spec.kl_loss_coef}"
+        if spec.use_kl_loss
+        else "no KL, no reference model"
+    )
+    return [
+        f"trl.GRPOTrainer, 1 process x {threads} torch threads (accelerate, CPU)",
+        f"rollout: transformers generate on the policy, all {spec.completions_per_step} sequences in one call",
+        f"old log-probs recomputed, {kl}, router aux loss off",
+        f"{spec.optimizer_steps_per_rollout} optimizer step(s) per rollout, {batch_rows} rows per forward/backward, "
+        f"loss_type={LOSS_TYPES.get(spec.loss_agg_mode)}",
+        f"MoE experts implementation: {experts}",
+    ]
+
+
+def run_trl(
+    spec: BenchSpec, *, workdir: Path, process_start: float, batch_rows: int | None, experts: str
+) -> SideResult:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    torch.set_num_threads(spec.threads)
+    rows_per_forward = trl_batch_rows(spec, batch_rows)
+    ledger = RolloutLedger()
+    per_rollout = spec.optimizer_steps_per_rollout
+    step_ends: list[float] = []
+    tokens_seen: list[int] = []
+    first_begin: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if not first_begin:
+                first_begin.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % per_rollout == 0:  # the last optimizer step of a rollout
+                step_ends.append(time.perf_counter())
+                tokens_seen.append(int(state.num_input_tokens_seen))
+
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+    trainer = GRPOTrainer(
+        model=spec.model_dir,
+        reward_funcs=make_reward_func(ledger),
+        args=grpo_config(spec, output_dir=workdir / "trl_out", batch_rows=rows_per_forward, experts=experts),
+        train_dataset=Dataset.from_list(read_rows(spec.train_files)),
+        processing_class=tokenizer,
+        callbacks=[StepClock()],
+    )
+    trainer.train()
+    if len(step_ends) != spec.total_steps or len(ledger.generated_tokens) != spec.total_steps:
+        raise RuntimeError(
+            f"TRL ran {len(step_ends)} steps and {len(ledger.generated_tokens)} rollouts, expected {spec.total_steps}"
+        )
+    w = spec.warmup_steps
+    boundaries = [first_begin[0], *step_ends]
+    return SideResult(
+        name="TRL",
+        setup_s=first_begin[0] - process_start,
+        step_s=[boundaries[i + 1] - boundaries[i] for i in range(w, spec.total_steps)],
+        generated_tokens=sum(ledger.generated_tokens[w:]),
+        trained_tokens=tokens_seen[-1] - (tokens_seen[w - 1] if w else 0),
+        rewards=ledger.mean_rewards,
+        notes=notes(spec, batch_rows=rows_per_forward, experts=experts, threads=spec.threads),
+    )
+
+
+def describe_versions() -> Mapping[str, str]:
+    import torch
+    import transformers
+    import trl
+
+    return {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}

@@ -1,0 +1,193 @@
+"""GRPO steps/s and tokens/s: our trainer vs Hugging Face TRL's GRPOTrainer, side by side, on CPU.
+
+    hatch run bench:grpo-vs-trl                       # 1 warm-up + 5 measured steps each
+    hatch run bench:grpo-vs-trl --steps 3 actor.ppo_epochs=2    # dotted overrides go to both sides
+
+Both sides get the tiny preset's model directory (random-weight Qwen3.5-MoE), its train parquet, the
+group size (rollout.n == num_generations), max response length, sampling settings, optimizer steps
+per rollout (train_batch_size / ppo_mini_batch_size x ppo_epochs), AdamW settings, KL on/off and the
+reward registered for the rows' data_source ("grpo/tiny"), and the same number of CPU cores. Each
+side runs in its own process, one after the other. A step is one GRPO step: a rollout of
+train_batch_size x n sequences and every optimizer step made on it. Timed: the wall time between the
+end of the warm-up and the end of the last step (setup, i.e. imports, model load and Ray workers, is
+reported apart). tokens/s: sampled response tokens (EOS included) per second, and non-padding
+prompt+response tokens of the trained batches per second. Ratios are ours / TRL (goal: >= 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _trl_spec import BenchSpec, SideResult, spec_from_config
+
+PROCESS_START = time.perf_counter()
+GOAL = 1.5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", help="dotted config overrides for the tiny preset (both sides)")
+    p.add_argument("--steps", type=int, default=5, help="measured GRPO steps per side")
+    p.add_argument("--warmup", type=int, default=1, help="untimed GRPO steps first")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads in total for TRL")
+    p.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
+    p.add_argument("--only", choices=("both", "grpo", "trl"), default="both")
+    p.add_argument(
+        "--trl-batch-rows",
+        type=int,
+        default=None,
+        help="TRL per_device_train_batch_size (default: our micro-batch x workers, capped at a mini-batch)",
+    )
+    p.add_argument(
+        "--trl-experts",
+        default="eager",
+        help="TRL model's MoE experts implementation: eager (what ours uses on CPU) or default (transformers')",
+    )
+    p.add_argument("--timeout-s", type=float, default=900.0, help="per side")
+    p.add_argument("--json", type=Path, default=None, help="also write both results here")
+    # Internal: run one side in this process.
+    p.add_argument("--side", choices=("grpo", "trl"), help=argparse.SUPPRESS)
+    p.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    return args
+
+
+def run_side(args: argparse.Namespace) -> None:
+    spec = BenchSpec.load(args.spec)
+    workdir = args.spec.parent
+    if args.side == "grpo":
+        from _trl_ours import run_ours
+
+        result = run_ours(
+            spec, preset_dir=workdir / "preset", workdir=workdir / "grpo", process_start=PROCESS_START
+        )
+    else:
+        from _trl_side import run_trl
+
+        result = run_trl(
+            spec,
+            workdir=workdir / "trl",
+            process_start=PROCESS_START,
+            batch_rows=args.trl_batch_rows,
+            experts=args.trl_experts,
+        )
+    result.save(args.result)
+
+
+def spawn(side: str, spec_path: Path, args: argparse.Namespace) -> SideResult:
+    result_path = spec_path.parent / f"result_{side}.json"
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--side",
+        side,
+        "--spec",
+        str(spec_path),
+        "--result",
+        str(result_path),
+        "--trl-experts",
+        args.trl_experts,
+    ]
+    if args.trl_batch_rows:
+        cmd += ["--trl-batch-rows", str(args.trl_batch_rows)]
+    print(f"== {side}: running {args.warmup} warm-up + {args.steps} measured steps ...", flush=True)
+    log_path = spec_path.parent / f"{side}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s, check=False)
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-40:]
+        raise SystemExit(
+            f"{side} side failed (exit {proc.returncode}); last lines of {log_path}:\n" + "\n".join(tail)
+        )
+    return SideResult.load(result_path)
+
+
+def make_spec(args: argparse.Namespace, workdir: Path) -> BenchSpec:
+    from _trl_ours import load_config
+
+    total = args.warmup + args.steps
+    cfg = load_config(workdir / "preset", workdir / "grpo", user_overrides=args.overrides, total_steps=total)
+    return spec_from_config(
+        cfg,
+        threads=args.threads,
+        warmup_steps=args.warmup,
+        measure_steps=args.steps,
+        overrides=list(args.overrides),
+    )
+
+
+def describe(spec: BenchSpec) -> str:
+    return (
+        f"tiny preset model {spec.model_dir}\n"
+        f"step = {spec.prompts_per_step} prompts x n={spec.n} = {spec.completions_per_step} sequences, "
+        f"max response {spec.max_response_length} tokens (prompts <= {spec.max_prompt_length}), "
+        f"T={spec.temperature} top_p={spec.top_p}; {spec.optimizer_steps_per_rollout} optimizer step(s) per rollout; "
+        f"dtype {spec.dtype}; {spec.warmup_steps} warm-up + {spec.measure_steps} measured steps; "
+        f"{os.cpu_count()} CPU cores"
+    )
+
+
+def report(spec: BenchSpec, results: dict[str, SideResult]) -> str:
+    rows = [
+        ("GRPO steps/s", lambda r: r.steps_per_s, "{:.3f}"),
+        ("s/step", lambda r: r.wall_s / len(r.step_s), "{:.2f}"),
+        ("generated tokens/s", lambda r: r.generated_tokens_per_s, "{:.1f}"),
+        ("trained tokens/s", lambda r: r.trained_tokens_per_s, "{:.1f}"),
+        ("generated tokens/step", lambda r: r.generated_tokens / len(r.step_s), "{:.0f}"),
+        ("setup s (untimed)", lambda r: r.setup_s, "{:.1f}"),
+        ("mean reward, all steps", lambda r: sum(r.rewards) / len(r.rewards), "{:.3f}"),
+    ]
+    names = list(results)
+    lines = [describe(spec), ""]
+    header = f"{'':24}" + "".join(f"{n:>12}" for n in names) + ("   ours/TRL" if len(names) == 2 else "")
+    lines.append(header)
+    for label, get, fmt in rows:
+        values = [get(results[n]) for n in names]
+        line = f"{label:24}" + "".join(f"{fmt.format(v):>12}" for v in values)
+        if len(names) == 2 and label in ("GRPO steps/s", "generated tokens/s", "trained tokens/s"):
+            line += f"   {values[0] / values[1]:9.2f}x"
+        lines.append(line)
+    for name in names:
+        lines.append(f"\n{name} does:")
+        lines += [f"  - {note}" for note in results[name].notes]
+        lines.append("  step times s: " + ", ".join(f"{t:.2f}" for t in results[name].step_s))
+    if len(names) == 2:
+        ratio = results["ours"].steps_per_s / results["TRL"].steps_per_s
+        verdict = "met" if ratio >= GOAL else "NOT met"
+        lines.append(f"\nsteps/s ours/TRL = {ratio:.2f}x (goal >= {GOAL}x: {verdict})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.side:
+        run_side(args)
+        return
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="grpo_vs_trl_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = make_spec(args, workdir)
+    spec_path = workdir / "spec.json"
+    spec.save(spec_path)
+    results: dict[str, SideResult] = {}
+    if args.only in ("both", "grpo"):
+        results["ours"] = spawn("grpo", spec_path, args)
+    if args.only in ("both", "trl"):
+        results["TRL"] = spawn("trl", spec_path, args)
+    print(report(spec, results))
+    print(f"\nlogs and results: {workdir}")
+    if args.json:
+        args.json.write_text(json.dumps({n: vars(r) for n, r in results.items()}, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
