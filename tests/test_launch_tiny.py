@@ -53,7 +53,7 @@ def test_tiny_preset_runs_to_completion(launcher: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
     finished = [e for e in events if e.get("event") == "training finished"]
-    assert len(finished) == 1 and finished[0]["result"]["final_step"] == str(STEPS)
+    assert len(finished) == 1 and finished[0]["result"]["final_step"] == STEPS
     metrics = list(out.rglob("*.jsonl"))
     assert metrics, f"no metrics JSONL under {out}"
     assert list(out.rglob("global_step_*")), f"no checkpoint under {out}"

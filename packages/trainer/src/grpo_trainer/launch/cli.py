@@ -99,6 +99,7 @@ def _train(plan: LaunchPlan) -> int:
     return 0
 
 
-def _describe(result: object) -> dict[str, str]:
-    fields = ("final_step", "metrics_path", "plot_path", "checkpoint_dir")
-    return {name: str(getattr(result, name)) for name in fields if hasattr(result, name)}
+def _describe(result: object) -> dict[str, object]:
+    fields = ("final_step", "wall_time_s", "metrics_path", "plot_path", "checkpoint_dir")
+    values = {name: getattr(result, name) for name in fields if hasattr(result, name)}
+    return {name: v if isinstance(v, int | float) or v is None else str(v) for name, v in values.items()}

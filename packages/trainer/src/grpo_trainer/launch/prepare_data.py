@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _CHUNK_ROWS = 512
 
 
-def default_output_dir(dataset: str, environ: os._Environ[str] | dict[str, str] | None = None) -> Path:
+def default_output_dir(dataset: str, environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     return Path(env.get("DATA_DIR") or Path.home() / "data").expanduser() / dataset
 
