@@ -32,7 +32,7 @@ H200_BF16_DENSE_PEAK = 989e12
 RESULTS: dict[str, Any] = {}
 
 
-def megatron_cfg(*, model_path: str, use_kl_loss: bool, micro_batch: int, seq: int) -> Any:
+def megatron_cfg(*, model_path: str, use_kl_loss: bool, micro_batch: int, seq: int, torch_gdn: bool) -> Any:
     from grpo_config.schema import ActorConfig, DataConfig, MegatronConfig, TrainerConfig
 
     mc = MegatronConfig(
@@ -43,6 +43,10 @@ def megatron_cfg(*, model_path: str, use_kl_loss: bool, micro_batch: int, seq: i
         moe_router_load_balancing_type="none",
         attention_backend="auto",
         use_distributed_optimizer=True,
+        # deterministic_mode makes megatron-core's Gated DeltaNet use its pure-torch chunked delta
+        # rule: FLA 0.6's backward refuses Triton < 3.7.1 on Hopper (wrong gradients), and the GPU
+        # machine has Triton 3.6.0.
+        override_transformer_config={"deterministic_mode": True} if torch_gdn else {},
     )
     actor = ActorConfig(
         model_path=model_path,
@@ -125,7 +129,7 @@ def phase_grpo(out: Path, steps: int) -> None:
 
     work = Path(tempfile.mkdtemp())
     model_path = tiny_hf.save_random_model(tiny_hf.qwen35_moe_config(num_hidden_layers=4), work / "hf")
-    cfg = megatron_cfg(model_path=str(model_path), use_kl_loss=True, micro_batch=16, seq=256)
+    cfg = megatron_cfg(model_path=str(model_path), use_kl_loss=True, micro_batch=16, seq=256, torch_gdn=True)
     t0 = time.perf_counter()
     backend = MegatronBackend.from_config(cfg, model_path=str(model_path))
     RESULTS["grpo_build_s"] = time.perf_counter() - t0
@@ -270,17 +274,51 @@ def step_flops(config: Any, *, batch: int, seq: int) -> float:
     return dense + attn + gdn
 
 
-def phase_mfu(
-    layers: int, experts: int, topk: int, moe_ffn: int, hidden: int, batch: int, seq: int, micro: int
-) -> None:
+def qwen3_moe_active_params(config: Any) -> float:
+    h = config.hidden_size
+    attn = (
+        2 * h * config.num_attention_heads * config.head_dim
+        + 2 * h * config.num_key_value_heads * config.head_dim
+    )
+    ffn = 3 * h * config.moe_intermediate_size * config.num_experts_per_tok + h * config.num_experts
+    return config.num_hidden_layers * (attn + ffn) + h * config.vocab_size
+
+
+def qwen3_moe_step_flops(config: Any, *, batch: int, seq: int) -> float:
+    dense = 6 * qwen3_moe_active_params(config) * batch * seq
+    attn = (
+        3
+        * config.num_hidden_layers
+        * 2
+        * 2
+        * config.num_attention_heads
+        * config.head_dim
+        * seq
+        * seq
+        / 2
+        * batch
+    )
+    return dense + attn
+
+
+def mfu_model(family: str, layers: int, experts: int, topk: int, moe_ffn: int, hidden: int, seq: int) -> Any:
     import tiny_hf
 
-    from grpo_trainer.backends.megatron import MegatronBackend
-    from grpo_trainer.protocols import PolicyBatch
-
-    work = Path(tempfile.mkdtemp())
+    if family == "qwen3moe":  # Qwen3-30B-A3B layer shape at hidden 2048: 32 heads of 128, 4 kv heads
+        return tiny_hf.qwen3_moe_config(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=hidden // 64,
+            num_key_value_heads=max(hidden // 512, 1),
+            head_dim=128,
+            num_experts=experts,
+            num_experts_per_tok=topk,
+            moe_intermediate_size=moe_ffn,
+            vocab_size=32768,
+            max_position_embeddings=seq,
+        )
     heads = hidden // 128
-    config = tiny_hf.qwen35_moe_config(
+    return tiny_hf.qwen35_moe_config(
         num_hidden_layers=layers,
         hidden_size=hidden,
         num_attention_heads=heads,
@@ -297,9 +335,28 @@ def phase_mfu(
         vocab_size=32768,
         max_position_embeddings=seq,
     )
+
+
+def phase_mfu(spec: str) -> None:
+    """spec: family,layers,experts,topk,moe_ffn,hidden,batch,seq,micro."""
+    import tiny_hf
+
+    from grpo_trainer.backends.megatron import MegatronBackend
+    from grpo_trainer.protocols import PolicyBatch
+
+    family, *numbers = spec.split(",")
+    layers, experts, topk, moe_ffn, hidden, batch, seq, micro = (int(v) for v in numbers)
+    config = mfu_model(family, layers, experts, topk, moe_ffn, hidden, seq)
+    work = Path(tempfile.mkdtemp())
     model_path = tiny_hf.save_random_model(config, work / "hf", device="cuda")
     torch.cuda.empty_cache()
-    cfg = megatron_cfg(model_path=str(model_path), use_kl_loss=False, micro_batch=micro, seq=seq)
+    cfg = megatron_cfg(
+        model_path=str(model_path),
+        use_kl_loss=False,
+        micro_batch=micro,
+        seq=seq,
+        torch_gdn=family != "qwen3moe",
+    )
     backend = MegatronBackend.from_config(cfg, model_path=str(model_path))
     ids = torch.randint(3, config.vocab_size, (batch, seq))
     resp = torch.zeros(batch, seq)
@@ -317,10 +374,13 @@ def phase_mfu(
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     step_s = sorted(times[1:])[len(times[1:]) // 2]
-    flops = step_flops(config, batch=batch, seq=seq)
-    counts = active_params(config)
+    if family == "qwen3moe":
+        flops, active = qwen3_moe_step_flops(config, batch=batch, seq=seq), qwen3_moe_active_params(config)
+    else:
+        flops, active = step_flops(config, batch=batch, seq=seq), active_params(config)["active"]
     total = sum(p.numel() for chunk in backend.model for p in chunk.parameters())
     row = {
+        "family": family,
         "layers": layers,
         "hidden": hidden,
         "experts": experts,
@@ -330,7 +390,7 @@ def phase_mfu(
         "seq": seq,
         "micro_batch": micro,
         "params_total": total,
-        "params_active": counts["active"],
+        "params_active": active,
         "update_s_median": step_s,
         "update_s_all": times,
         "tokens_per_s": batch * seq / step_s,
@@ -354,7 +414,7 @@ def main() -> None:
         "--mfu",
         action="append",
         default=[],
-        help="layers,experts,topk,moe_ffn,hidden,batch,seq,micro (repeatable)",
+        help="family(qwen3moe|qwen35moe),layers,experts,topk,moe_ffn,hidden,batch,seq,micro (repeatable)",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -363,9 +423,8 @@ def main() -> None:
     if "grpo" in args.phases:
         jobs.append(("grpo", lambda: phase_grpo(args.out, args.steps)))
     if "mfu" in args.phases:
-        for spec in args.mfu or ["8,64,8,512,2048,16,2048,4", "10,16,2,4096,2048,16,2048,4"]:
-            values = [int(v) for v in spec.split(",")]
-            jobs.append((f"mfu:{spec}", lambda values=values: phase_mfu(*values)))
+        for spec in args.mfu or ["qwen3moe,8,32,8,768,2048,16,2048,4"]:
+            jobs.append((f"mfu:{spec}", lambda spec=spec: phase_mfu(spec)))
     for name, job in jobs:
         try:
             job()
