@@ -15,7 +15,6 @@ from structlog.testing import capture_logs
 
 from grpo_ckpt import SafeJSONEncoder, json_safe
 
-
 # The package re-exports the function `json_safe`, which shadows the module of that name.
 json_safe_module = importlib.import_module("grpo_ckpt.json_safe")
 

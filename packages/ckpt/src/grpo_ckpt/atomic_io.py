@@ -45,7 +45,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     """Write `obj` as indented JSON (through SafeJSONEncoder, so it never fails on odd values)."""
-    text = json.dumps(obj, cls=SafeJSONEncoder, indent=2, sort_keys=True)
+    text = json.dumps(obj, cls=SafeJSONEncoder, indent=2)
     atomic_write_bytes(path, text.encode("utf-8") + b"\n")
 
 

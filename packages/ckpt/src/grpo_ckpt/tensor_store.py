@@ -16,11 +16,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.tensor import DTensor
 
 __all__ = ["has_tensor_files", "load_full_tensors", "load_tensors_into", "save_tensors"]
 
 SUFFIX = ".safetensors"
+SINGLE_FILE = "shard-00001-model-00001-of-00001.safetensors"  # the name DCP gives rank 0's file
 
 
 def _distributed() -> bool:
@@ -40,11 +43,28 @@ def save_tensors(directory: Path, tensors: dict[str, torch.Tensor], *, threads: 
     """Collective when a process group exists: every rank calls it with the same keys.
 
     Plain tensors are taken as replicated (DCP writes one copy); DTensors are written shard by shard.
+    In a single process without DTensors the one file is written by safetensors directly (what DCP
+    would write, minus its planning and an extra in-memory copy of every byte).
     """
     directory.mkdir(parents=True, exist_ok=True)
+    if not _distributed() and not any(isinstance(t, DTensor) for t in tensors.values()):
+        save_file(_unshared(tensors), directory / SINGLE_FILE)
+        return
     writer = HuggingFaceStorageWriter(str(directory), save_distributed=True, thread_count=threads)
     with _quiet_single_process():
         dcp.save(tensors, storage_writer=writer, no_dist=not _distributed())
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # safetensors refuses tensors that share storage (tied embeddings): give later ones their own copy.
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in tensors.items():
+        tensor = tensor.detach()
+        storage = tensor.untyped_storage().data_ptr()
+        out[key] = tensor.clone() if storage in seen and tensor.numel() else tensor.contiguous()
+        seen.add(storage)
+    return out
 
 
 def has_tensor_files(directory: Path) -> bool:
