@@ -30,6 +30,7 @@ import torch
 
 H200_BF16_DENSE_PEAK = 989e12
 RESULTS: dict[str, Any] = {}
+PROFILE = False
 
 
 def megatron_cfg(*, model_path: str, use_kl_loss: bool, micro_batch: int, seq: int, torch_gdn: bool) -> Any:
@@ -337,6 +338,24 @@ def mfu_model(family: str, layers: int, experts: int, topk: int, moe_ffn: int, h
     )
 
 
+def profile_update(backend: Any, batch: Any, top: int = 15) -> dict[str, Any]:
+    """GPU time of one update by kernel (self time), to see what bounds the MFU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        backend.update(batch)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    total = sum(e.self_device_time_total for e in events)
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    return {
+        "gpu_busy_ms": total / 1e3,
+        "kernels": [
+            {"name": e.key[:90], "ms": e.self_device_time_total / 1e3, "calls": e.count} for e in events[:top]
+        ],
+    }
+
+
 def phase_mfu(spec: str) -> None:
     """spec: family,layers,experts,topk,moe_ffn,hidden,batch,seq,micro."""
     import tiny_hf
@@ -374,6 +393,8 @@ def phase_mfu(spec: str) -> None:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     step_s = sorted(times[1:])[len(times[1:]) // 2]
+    if PROFILE:
+        RESULTS.setdefault("profiles", {})[spec] = profile_update(backend, pb)
     if family == "qwen3moe":
         flops, active = qwen3_moe_step_flops(config, batch=batch, seq=seq), qwen3_moe_active_params(config)
     else:
@@ -416,7 +437,10 @@ def main() -> None:
         default=[],
         help="family(qwen3moe|qwen35moe),layers,experts,topk,moe_ffn,hidden,batch,seq,micro (repeatable)",
     )
+    parser.add_argument("--profile", action="store_true", help="profile one update of each MFU model")
     args = parser.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     args.out.mkdir(parents=True, exist_ok=True)
     RESULTS["device"] = torch.cuda.get_device_name()
     jobs: list[tuple[str, Any]] = []

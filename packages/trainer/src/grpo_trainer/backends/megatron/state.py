@@ -55,13 +55,15 @@ def load_policy_state(model: list[torch.nn.Module], optimizer: Any, state: dict[
     for index, chunk in enumerate(model):
         prefix = f"chunk{index}."
         own = {k[len(prefix) :]: v for k, v in model_state.items() if k.startswith(prefix)}
-        missing, unexpected = chunk.load_state_dict(own, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
+        # Megatron's DDP wrapper returns nothing from load_state_dict: compare the keys here.
+        expected = {k for k, v in chunk.state_dict().items() if isinstance(v, torch.Tensor)}
+        missing, unexpected = sorted(expected - set(own)), sorted(set(own) - expected)
         if missing or unexpected:
             raise ValueError(
                 f"checkpoint does not match model chunk {index}: missing {missing[:5]}, unexpected {unexpected[:5]}"
                 " (was it saved with other tensor/pipeline/expert parallel sizes?)"
             )
+        chunk.load_state_dict(own, strict=False)
     if "optimizer" not in state:
         optimizer.reload_model_params()  # the fp32 main copies follow the loaded weights
     else:
