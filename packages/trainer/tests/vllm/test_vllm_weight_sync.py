@@ -91,6 +91,13 @@ def test_prefix_cache_does_not_serve_stale_kv_after_a_sync(vllm_engine, tiny_qwe
         vllm_engine.update_weights(model.named_parameters())
 
 
+def test_a_failed_sync_raises_and_leaves_the_engine_serving_the_old_weights(vllm_engine, tiny_qwen3, prompts):
+    _, model, _ = tiny_qwen3
+    with pytest.raises(Exception, match=r"could not load \{'lm_head.weight': \(3, 3\)\}"):
+        vllm_engine.update_weights([("lm_head.weight", torch.zeros(3, 3))])
+    assert vllm_engine.verify_sync(model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+
+
 def test_empty_sync_is_a_user_error(vllm_engine):
     with pytest.raises(ValueError, match="no tensors"):
         vllm_engine.update_weights([])

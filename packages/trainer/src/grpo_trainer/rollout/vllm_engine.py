@@ -177,16 +177,18 @@ class VLLMRolloutEngine:
         """Push HF-named tensors into the running engine, bucket by bucket, in place."""
         started = time.perf_counter()
         self.llm.collective_rpc("grpo_begin_weight_sync")
-        count = buckets = 0
-        nbytes = 0
-        for bucket in iter_buckets(named_tensors, bucket_bytes=self.bucket_bytes):
-            meta, payload = pack_bucket(bucket)
-            self.llm.collective_rpc("grpo_load_weight_bucket", args=(meta, payload))
-            buckets += 1
-            count += len(bucket)
-            nbytes += len(payload)
-        missing = self.llm.collective_rpc("grpo_finish_weight_sync")[0]
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        count = buckets = nbytes = 0
+        try:
+            for bucket in iter_buckets(named_tensors, bucket_bytes=self.bucket_bytes):
+                meta, payload = pack_bucket(bucket)
+                self.llm.collective_rpc("grpo_load_weight_bucket", args=(meta, payload))
+                buckets += 1
+                count += len(bucket)
+                nbytes += len(payload)
+        finally:
+            # Also after a failure: layers that got no tensor get their previous storage back.
+            missing = self.llm.collective_rpc("grpo_finish_weight_sync")[0]
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         if count == 0:
             raise ValueError("update_weights got no tensors")
         if missing:

@@ -10,10 +10,11 @@ TEXTS = [f"the quick brown fox {i} jumps over the lazy dog {i * 7 % 13}" for i i
 
 
 def build_tiny_qwen3(
-    path: Path | str, *, seed: int = 0, vocab_size: int = 300, num_layers: int = 2
+    path: Path | str, *, seed: int = 0, vocab_size: int = 300, num_layers: int = 2, hidden_size: int = 128
 ) -> tuple[Any, Any]:
-    """Save a float32 `Qwen3ForCausalLM` (hidden 128, head_dim 32) and its BPE tokenizer to `path`;
-    returns `(model, tokenizer)`. The same seed gives the same weights."""
+    """Save a float32 `Qwen3ForCausalLM` (default hidden 128; head_dim 32, hidden_size / 32 heads)
+    and its BPE tokenizer to `path`; returns `(model, tokenizer)`. The same seed gives the same
+    weights."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -28,11 +29,11 @@ def build_tiny_qwen3(
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|pad|>", eos_token="<|endoftext|>")
     config = Qwen3Config(
         vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=hidden_size // 32,
+        num_key_value_heads=max(1, hidden_size // 64),
         head_dim=32,
         max_position_embeddings=1024,
         eos_token_id=tokenizer.eos_token_id,

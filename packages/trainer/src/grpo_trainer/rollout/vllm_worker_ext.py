@@ -33,7 +33,13 @@ class GRPOWorkerExtension:
         device = self.model_runner.device
         tensors = [(name, tensor.to(device)) for name, tensor in unpack_bucket(meta, payload)]
         with set_current_vllm_config(self.vllm_config):
-            loaded = self.model_runner.get_model().load_weights(iter(tensors))
+            try:
+                loaded = self.model_runner.get_model().load_weights(iter(tensors))
+            except Exception as error:  # vLLM's loaders often assert without a message
+                shapes = {name: tuple(t.shape) for name, t in tensors[:8]}
+                raise RuntimeError(
+                    f"weight sync: vLLM could not load {shapes}: {type(error).__name__}: {error}"
+                ) from error
         names = {name for name, _ in tensors} if loaded is None else set(loaded)
         self._grpo_loaded_names |= names
         return len(names)
