@@ -380,3 +380,30 @@ def test_a_real_run_on_a_missing_accelerator_stops_early(launch_env, monkeypatch
     assert main_35b(["--device", "gpu", "--output-dir", "/o"]) == 2
     err = capsys.readouterr().err
     assert "torch.cuda.is_available() is False" in err and "Traceback" not in err
+
+
+def test_launch_machinery_public_api_is_frozen() -> None:
+    import grpo_trainer.launch
+
+    assert sorted(grpo_trainer.launch.__all__) == [
+        "DataPlan",
+        "DeviceDelta",
+        "LaunchError",
+        "LaunchPlan",
+        "LaunchProfile",
+        "configure_logging",
+        "deep_merge",
+        "plan_full",
+        "plan_tiny",
+        "run_launcher",
+    ]
+
+
+def test_deep_merge_recurses_and_never_aliases() -> None:
+    from grpo_trainer.launch import deep_merge
+
+    base = {"a": {"b": 1, "c": [1]}, "d": 2}
+    merged = deep_merge(base, {"a": {"b": 5}, "e": {"f": 1}})
+    assert merged == {"a": {"b": 5, "c": [1]}, "d": 2, "e": {"f": 1}}
+    merged["a"]["c"].append(2)
+    assert base == {"a": {"b": 1, "c": [1]}, "d": 2}
