@@ -64,7 +64,7 @@ class VLLMRolloutEngine:
         self.sleep_supported = current_platform.is_sleep_mode_available()
         self.sleep_mode = enable_sleep_mode and self.sleep_supported
         self.platform = str(current_platform.device_type or "unknown")
-        self.is_asleep = False
+        self.asleep_tags: set[str] = set()  # what vLLM sleep mode has released
         kwargs: dict[str, Any] = {
             "model": model_path,
             "dtype": dtype,
@@ -154,8 +154,10 @@ class VLLMRolloutEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        if self.is_asleep:
-            raise RuntimeError("the vLLM engine is asleep: call wake_up() before generate()")
+        if self.asleep_tags:
+            raise RuntimeError(
+                f"the vLLM engine is asleep ({sorted(self.asleep_tags)}): call wake_up() first"
+            )
         # One seed per prompt (vLLM adds the sample index for each of the n), so a seeded batch is
         # reproducible and two equal prompts still get different samples.
         per_prompt = [
@@ -174,7 +176,14 @@ class VLLMRolloutEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Push HF-named tensors into the running engine, bucket by bucket, in place."""
+        """Push HF-named tensors into the running engine, bucket by bucket, in place.
+
+        Send every tensor of each layer touched (the policy's full `named_weights()`): vLLM fuses
+        some (q/k/v, gate/up), and a fused layer that gets only part of its tensors is rebuilt with
+        the rest uninitialised. On a sleeping engine the weights are woken first (a sync into
+        offloaded weights would be overwritten on wake-up); the KV cache stays asleep."""
+        if "weights" in self.asleep_tags:
+            self.wake_up(["weights"])
         started = time.perf_counter()
         self.llm.collective_rpc("grpo_begin_weight_sync")
         count = buckets = nbytes = 0
@@ -188,7 +197,8 @@ class VLLMRolloutEngine:
         finally:
             # Also after a failure: layers that got no tensor get their previous storage back.
             missing = self.llm.collective_rpc("grpo_finish_weight_sync")[0]
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            if "kv_cache" not in self.asleep_tags:  # sleeping already dropped the prefix cache
+                self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         if count == 0:
             raise ValueError("update_weights got no tensors")
         if missing:
@@ -230,20 +240,25 @@ class VLLMRolloutEngine:
         return report
 
     def sleep(self) -> None:
-        """Release weights and KV cache (vLLM sleep mode) while the policy trains."""
+        """Release weights and KV cache (vLLM sleep mode, `sleep_level`) while the policy trains.
+        Level 2 discards the weights: the next `update_weights` must send all of them."""
         if not self.sleep_mode:
             _log_sleep_unsupported(self, "sleep")
             return
-        self.llm.sleep(level=self.sleep_level)
-        self.is_asleep = True
+        if not self.asleep_tags:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep_tags = {"weights", "kv_cache"}
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """Re-allocate what `sleep` released; `tags=["weights"]` first lets a weight sync run
-        before the KV cache comes back."""
+        """Re-allocate what `sleep` released (`tags` None: everything; `["weights"]` first lets a
+        weight sync run before the KV cache comes back)."""
         if not self.sleep_mode:
             _log_sleep_unsupported(self, "wake_up")
             return
-        self.is_asleep = not self.llm.wake_up(tags)
+        wanted = set(self.asleep_tags if tags is None else tags) & self.asleep_tags
+        if wanted:
+            self.llm.wake_up(sorted(wanted))
+            self.asleep_tags -= wanted
 
     def shutdown(self) -> None:
         """Stop the engine process now instead of at interpreter exit."""
