@@ -40,7 +40,7 @@ from megatron.core.transformer.transformer_layer import (
 
 
 class LocalRMSNorm(torch.nn.Module):
-    """RMSNorm in float32 like the HF Qwen models. With `config.layernorm_zero_centered_gamma` the
+    """RMSNorm computed like the HF Qwen models. With `config.layernorm_zero_centered_gamma` the
     scale is `1 + weight` (weight initialised to 0), as Qwen3.5 stores it."""
 
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, **_: object) -> None:
@@ -58,10 +58,12 @@ class LocalRMSNorm(torch.nn.Module):
         self.weight.sequence_parallel = config.sequence_parallel
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # The same order of casts as the HF models, so that bf16 results agree bit for bit.
         x = hidden_states.float()
         x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        scale = self.weight.float() + 1.0 if self.zero_centered else self.weight.float()
-        return (x * scale).to(hidden_states.dtype)
+        if self.zero_centered:  # Qwen3.5: (1 + w) applied in float32
+            return (x * (1.0 + self.weight.float())).to(hidden_states.dtype)
+        return self.weight * x.to(hidden_states.dtype)  # Qwen3: w applied in the input dtype
 
 
 def _self_attention_spec() -> ModuleSpec:
