@@ -125,7 +125,7 @@ def test_local_impl_refuses_te_only_options(change: dict[str, object], switch: s
 
 
 def test_context_parallel_needs_transformer_engine() -> None:
-    with pytest.raises(TransformerEngineRequiredError, match="parallel.cp=1"):
+    with pytest.raises(TransformerEngineRequiredError, match=r"parallel\.cp=1"):
         provider_settings(_cfg(LOCAL, ParallelConfig(cp=2)), transformer_engine_available=False)
 
 
