@@ -24,7 +24,9 @@ from grpo_trainer.backends.megatron import UnknownOverrideFieldError, megatron_a
 
 pytestmark = [
     pytest.mark.megatron,
-    pytest.mark.skipif(not megatron_available(), reason="megatron-bridge is not installed (use the megatron hatch env)"),
+    pytest.mark.skipif(
+        not megatron_available(), reason="megatron-bridge is not installed (use the megatron hatch env)"
+    ),
 ]
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -80,7 +82,9 @@ def test_settings_and_overrides_land_on_the_bridge_provider(auto_bridge: object,
     from grpo_trainer.backends.megatron.build import configure_provider
     from grpo_trainer.backends.megatron.local_spec import local_block_spec
 
-    megatron = dataclasses.replace(LOCAL, override_transformer_config={"moe_router_topk": 1, "hidden_dropout": 0.0})
+    megatron = dataclasses.replace(
+        LOCAL, override_transformer_config={"moe_router_topk": 1, "hidden_dropout": 0.0}
+    )
     provider = auto_bridge.from_hf_pretrained(str(qwen35_path)).to_megatron_provider(load_weights=False)
     configure_provider(provider, _cfg(megatron), megatron=megatron, seq_length=96)
     assert provider.transformer_layer_spec is local_block_spec
@@ -128,7 +132,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="Qwen3.5's Gated DeltaNet needs flash-linear-attention")
+@pytest.mark.skipif(
+    importlib.util.find_spec("fla") is None, reason="Qwen3.5's Gated DeltaNet needs flash-linear-attention"
+)
 def test_local_qwen35_moe_spec_round_trips_hf_weights_exactly(
     auto_bridge: object, qwen35_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,11 +156,15 @@ def test_local_qwen35_moe_spec_round_trips_hf_weights_exactly(
         configure_provider(provider, _cfg(megatron), megatron=megatron, seq_length=64)
         provider.finalize()
         parallel_state.initialize_model_parallel()
-        model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True, bf16=True)
+        model = provider.provide_distributed_model(
+            wrap_with_ddp=False, use_cpu_initialization=True, bf16=True
+        )
         names = {name for name, _ in model[0].named_parameters()}
         assert "module.decoder.layers.0.self_attention.in_proj.weight" in names  # Gated DeltaNet layer
         assert "module.decoder.layers.3.self_attention.linear_qkv.weight" in names  # gated attention layer
-        assert "module.decoder.layers.0.mlp.experts.local_experts.7.linear_fc1.weight" in names  # SequentialMLP
+        assert (
+            "module.decoder.layers.0.mlp.experts.local_experts.7.linear_fc1.weight" in names
+        )  # SequentialMLP
         exported = dict(bridge.export_hf_weights(model, cpu=True, show_progress=False))
         source = load_file(str(qwen35_path / "model.safetensors"))
         assert sorted(exported) == sorted(source)

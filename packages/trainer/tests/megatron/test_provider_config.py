@@ -21,9 +21,12 @@ from grpo_trainer.backends.megatron import (
 LOCAL = MegatronConfig(transformer_impl="local", moe_grouped_gemm=False, moe_permute_fusion=False)
 
 
-def _cfg(megatron: MegatronConfig = LOCAL, parallel: ParallelConfig | None = None, **actor: object) -> TrainerConfig:
+def _cfg(
+    megatron: MegatronConfig = LOCAL, parallel: ParallelConfig | None = None, **actor: object
+) -> TrainerConfig:
     return TrainerConfig(
-        actor=ActorConfig(backend="megatron", megatron=megatron, **actor), parallel=parallel or ParallelConfig()
+        actor=ActorConfig(backend="megatron", megatron=megatron, **actor),
+        parallel=parallel or ParallelConfig(),
     )
 
 
@@ -92,7 +95,11 @@ def test_transformer_engine_settings_keep_fusions_and_vpp_of_one_is_none() -> No
 def test_recompute_is_off_without_granularity() -> None:
     megatron = replace(LOCAL, recompute_method="block", recompute_num_layers=3)
     settings = provider_settings(_cfg(megatron), transformer_engine_available=False)
-    assert (settings["recompute_granularity"], settings["recompute_method"], settings["recompute_num_layers"]) == (
+    assert (
+        settings["recompute_granularity"],
+        settings["recompute_method"],
+        settings["recompute_num_layers"],
+    ) == (
         None,
         None,
         None,
@@ -131,12 +138,16 @@ def test_context_parallel_needs_transformer_engine() -> None:
 
 def test_full_recompute_needs_a_method() -> None:
     with pytest.raises(ValueError, match="recompute_method"):
-        provider_settings(_cfg(replace(LOCAL, recompute_granularity="full")), transformer_engine_available=False)
+        provider_settings(
+            _cfg(replace(LOCAL, recompute_granularity="full")), transformer_engine_available=False
+        )
 
 
 def test_offload_fraction_out_of_range() -> None:
     with pytest.raises(ValueError, match="optimizer_offload_fraction"):
-        provider_settings(_cfg(replace(LOCAL, optimizer_offload_fraction=1.5)), transformer_engine_available=False)
+        provider_settings(
+            _cfg(replace(LOCAL, optimizer_offload_fraction=1.5)), transformer_engine_available=False
+        )
 
 
 def test_ref_settings_can_differ_from_the_actor() -> None:
@@ -153,14 +164,28 @@ QWEN35_122B = ModelShape(num_layers=48, num_attention_heads=32, num_query_groups
 @pytest.mark.parametrize(
     ("parallel", "world", "model", "dp", "expert_dp"),
     [
-        (ParallelConfig(tp=2, pp=1, ep=8, sequence_parallel=True), 8, QWEN35_35B, 4, 1),  # 35B gpu seed, one node
+        (
+            ParallelConfig(tp=2, pp=1, ep=8, sequence_parallel=True),
+            8,
+            QWEN35_35B,
+            4,
+            1,
+        ),  # 35B gpu seed, one node
         (ParallelConfig(tp=2, pp=2, ep=8, sequence_parallel=True), 16, QWEN35_35B, 4, 1),  # 35B npu seed
-        (ParallelConfig(tp=2, pp=2, ep=8, sequence_parallel=True), 32, QWEN35_122B, 8, 2),  # 122B gpu seed, 4 nodes
+        (
+            ParallelConfig(tp=2, pp=2, ep=8, sequence_parallel=True),
+            32,
+            QWEN35_122B,
+            8,
+            2,
+        ),  # 122B gpu seed, 4 nodes
         (ParallelConfig(tp=2, pp=4, ep=16, sequence_parallel=True), 64, QWEN35_122B, 8, 1),  # 122B npu seed
         (ParallelConfig(), 1, None, 1, 1),
     ],
 )
-def test_seed_layouts(parallel: ParallelConfig, world: int, model: ModelShape | None, dp: int, expert_dp: int) -> None:
+def test_seed_layouts(
+    parallel: ParallelConfig, world: int, model: ModelShape | None, dp: int, expert_dp: int
+) -> None:
     layout = resolve_parallel_layout(parallel, world_size=world, model=model)
     assert (layout.dp, layout.expert_dp) == (dp, expert_dp)
     assert layout.tp * layout.pp * layout.cp * layout.dp == world
@@ -197,7 +222,13 @@ def test_parallel_size_error_is_a_value_error() -> None:
 
 
 # -- override passthrough -----------------------------------------------------------------------
-FIELDS = {"recompute_granularity", "recompute_method", "moe_router_topk", "attention_dropout", "hidden_dropout"}
+FIELDS = {
+    "recompute_granularity",
+    "recompute_method",
+    "moe_router_topk",
+    "attention_dropout",
+    "hidden_dropout",
+}
 
 
 def test_known_overrides_pass_through_unchanged() -> None:

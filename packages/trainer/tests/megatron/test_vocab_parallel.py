@@ -53,6 +53,19 @@ def test_entropy_is_optional_and_bf16_logits_are_upcast() -> None:
     torch.testing.assert_close(log_probs.double(), ref_lp, atol=1e-5, rtol=1e-5)
 
 
+def test_metric_only_entropy_has_no_gradient_but_the_same_value() -> None:
+    logits, targets, w, _ = _inputs(2)
+    mine = logits.clone().requires_grad_(True)
+    log_probs, entropy = vocab_parallel_log_probs(mine, targets, with_entropy=True, entropy_grad=False)
+    assert not entropy.requires_grad
+    (log_probs * w).sum().backward()
+    ref = logits.clone().double().requires_grad_(True)
+    ref_lp, ref_ent = _reference(ref, targets)
+    (ref_lp * w).sum().backward()
+    torch.testing.assert_close(entropy.double(), ref_ent, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mine.grad.double(), ref.grad, atol=1e-5, rtol=1e-5)
+
+
 def test_shape_mismatch_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="must be targets"):
         vocab_parallel_log_probs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
@@ -95,4 +108,6 @@ def test_two_gloo_ranks_match_the_full_vocabulary() -> None:
         log_probs, entropy, grad = per_rank[rank]
         torch.testing.assert_close(log_probs.double(), ref_lp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(entropy.double(), ref_ent, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(grad.double(), ref.grad[..., rank * 25 : (rank + 1) * 25], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            grad.double(), ref.grad[..., rank * 25 : (rank + 1) * 25], atol=1e-5, rtol=1e-5
+        )

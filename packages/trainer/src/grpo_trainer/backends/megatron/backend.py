@@ -93,7 +93,7 @@ class MegatronBackend:
         return logits, partial(loss_fn, micro)
 
     def _token_log_probs(
-        self, micro: PolicyBatch, logits: torch.Tensor, *, with_entropy: bool
+        self, micro: PolicyBatch, logits: torch.Tensor, *, with_entropy: bool, entropy_grad: bool = True
     ) -> tuple[Any, Any]:
         tp_rank = self._mpu.get_tensor_model_parallel_rank()
         targets = micro.input_ids[:, 1:].to(self.device)
@@ -103,6 +103,7 @@ class MegatronBackend:
             vocab_start=tp_rank * logits.shape[-1],
             group=self._mpu.get_tensor_model_parallel_group(),
             with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
         )
         pad = log_probs.new_zeros(log_probs.shape[0], 1)
         log_probs = torch.cat([pad, log_probs], dim=1)
@@ -217,7 +218,10 @@ class MegatronBackend:
         self, micro: PolicyBatch, logits: torch.Tensor, *, scale: dict[str, Any], num_microbatches: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = micro.response_mask.to(self.device).float()
-        log_probs, entropy = self._token_log_probs(micro, logits, with_entropy=True)
+        # Entropy is always logged; it carries a gradient only when it is part of the loss.
+        log_probs, entropy = self._token_log_probs(
+            micro, logits, with_entropy=True, entropy_grad=bool(self.actor.entropy_coeff)
+        )
         pg_loss, pg_metrics = grpo_math.policy_loss(
             log_probs,
             micro.old_log_probs.to(self.device),

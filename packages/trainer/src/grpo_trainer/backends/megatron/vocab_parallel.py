@@ -57,12 +57,14 @@ def vocab_parallel_log_probs(
     vocab_start: int = 0,
     group: Any = None,
     with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of `targets` and (optionally) the entropy under softmax over the full
     vocabulary, from this rank's logits slice `logits[..., V_local]` starting at `vocab_start`.
 
     Computed in float32. Returns `(log_probs, entropy)` shaped like `targets` (`entropy` is None
-    unless asked for). Differentiable with respect to `logits`.
+    unless asked for). Differentiable with respect to `logits`; with `entropy_grad=False` the
+    entropy is a detached metric (no [N, V] product kept for the backward).
     """
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits {tuple(logits.shape)} must be targets {tuple(targets.shape)} + [vocab]")
@@ -84,6 +86,11 @@ def vocab_parallel_log_probs(
     entropy = None
     if with_entropy:
         # H = log Z - sum_v p_v * z_v, with z the shifted logits and Z = sum_v exp(z_v).
-        weighted = _sum_over_group((exp_shifted * shifted).sum(dim=-1), group)
-        entropy = log_sum_exp - weighted / sum_exp
+        if entropy_grad:
+            weighted = _sum_over_group((exp_shifted * shifted).sum(dim=-1), group)
+            entropy = log_sum_exp - weighted / sum_exp
+        else:
+            with torch.no_grad():
+                weighted = _sum_over_group((exp_shifted * shifted).sum(dim=-1), group)
+                entropy = log_sum_exp.detach() - weighted / sum_exp.detach()
     return log_probs, entropy
