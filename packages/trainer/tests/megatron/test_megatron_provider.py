@@ -174,3 +174,42 @@ def test_local_qwen35_moe_spec_round_trips_hf_weights_exactly(
         parallel_state.destroy_model_parallel()
         if started_here:
             dist.destroy_process_group()
+
+
+def test_sdpa_core_attention_matches_causal_softmax_attention_with_gqa() -> None:
+    """Reference written out: softmax(q k^T * scale + causal mask) v, K/V heads repeated for GQA."""
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from grpo_trainer.backends.megatron.local_spec import SDPAttention
+
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        use_cpu_initialization=True,
+    )
+    attention = SDPAttention(
+        config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self"
+    )
+    gen = torch.Generator().manual_seed(0)
+    seq, batch = 7, 3
+    q = torch.randn(seq, batch, 4, 16, generator=gen)
+    k = torch.randn(seq, batch, 2, 16, generator=gen)
+    v = torch.randn(seq, batch, 2, 16, generator=gen)
+    out = attention(q, k, v, None)
+
+    qh, kh, vh = (
+        q.permute(1, 2, 0, 3),
+        k.repeat_interleave(2, dim=2).permute(1, 2, 0, 3),
+        v.repeat_interleave(2, dim=2).permute(1, 2, 0, 3),
+    )
+    scores = qh @ kh.transpose(-1, -2) / 4.0
+    scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+    expected = (scores.softmax(dim=-1) @ vh).permute(2, 0, 1, 3).reshape(seq, batch, 64)
+    assert out.shape == (seq, batch, 64)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="causal self-attention only"):
+        SDPAttention(config, layer_number=1, attn_mask_type=AttnMaskType.padding, attention_type="self")

@@ -123,7 +123,7 @@ def test_default_config_without_transformer_engine_names_every_switch() -> None:
     [
         ({"moe_grouped_gemm": True}, "moe_grouped_gemm=false"),
         ({"moe_permute_fusion": True}, "moe_permute_fusion=false"),
-        ({"attention_backend": "flash"}, "attention_backend=auto"),
+        ({"attention_backend": "fused"}, "attention_backend=auto"),
     ],
 )
 def test_local_impl_refuses_te_only_options(change: dict[str, object], switch: str) -> None:

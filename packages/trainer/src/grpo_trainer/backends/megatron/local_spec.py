@@ -3,7 +3,8 @@ Qwen3, Qwen3-MoE and the Qwen3.5 hybrid (Gated DeltaNet + gated attention) famil
 
 Megatron-core's Qwen3.5 block spec only supports transformer_engine, and its local spec uses
 `torch.nn.RMSNorm`, which refuses zero-centred gammas (Qwen3.5) and sequence parallelism. Here:
-column/row parallel linears, `DotProductAttention`, `SequentialMLP` experts, `GatedDeltaNet` with
+column/row parallel linears, causal SDPA (`SDPAttention`; megatron-core's unfused
+`DotProductAttention` with attention_backend=local/unfused), `SequentialMLP` experts, `GatedDeltaNet` with
 a separate input norm, and `LocalRMSNorm`. Parameter names are the ones Megatron-Bridge maps
 (its registry aliases `input_layernorm.weight` to the fused TE name).
 Imports megatron: only imported by the Megatron backend.
@@ -26,6 +27,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
@@ -66,13 +68,61 @@ class LocalRMSNorm(torch.nn.Module):
         return self.weight * x.to(hidden_states.dtype)  # Qwen3: w applied in the input dtype
 
 
-def _self_attention_spec() -> ModuleSpec:
+class SDPAttention(MegatronModule):
+    """Causal core attention through `torch.nn.functional.scaled_dot_product_attention` (flash /
+    memory-efficient kernels, GQA without repeating K/V): what TE's fused attention gives, without TE.
+    Same interface as megatron-core's `DotProductAttention`; no dropout, no masks but causal."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        **_: object,
+    ) -> None:
+        super().__init__(config=config)
+        if attn_mask_type != AttnMaskType.causal:
+            raise ValueError(f"SDPAttention supports causal self-attention only, got {attn_mask_type}")
+        if config.context_parallel_size != 1:
+            raise ValueError("SDPAttention does not support context parallelism; set parallel.cp=1")
+        head_dim = config.kv_channels
+        self.softmax_scale = softmax_scale if softmax_scale is not None else head_dim**-0.5
+        if config.apply_query_key_layer_scaling:
+            raise ValueError("apply_query_key_layer_scaling is not supported by SDPAttention")
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: object = None,
+    ) -> torch.Tensor:
+        if attention_mask is not None or attention_bias is not None or packed_seq_params is not None:
+            raise ValueError("SDPAttention takes no attention mask, bias or packed sequences (causal only)")
+        # [s, b, heads, d] -> [b, heads, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=k.shape[1] != q.shape[1]
+        )
+        seq, batch = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(seq, batch, -1)
+
+
+def _self_attention_spec(config: TransformerConfig) -> ModuleSpec:
+    # attention_backend auto/flash: SDPA kernels; local/unfused: megatron-core's unfused attention.
+    sdpa = config.attention_backend.name in ("auto", "flash")
     return ModuleSpec(
         module=SelfAttention,
         params={"attn_mask_type": AttnMaskType.causal},
         submodules=SelfAttentionSubmodules(
             linear_qkv=ColumnParallelLinear,
-            core_attention=DotProductAttention,
+            core_attention=SDPAttention if sdpa else DotProductAttention,
             linear_proj=RowParallelLinear,
             q_layernorm=LocalRMSNorm,
             k_layernorm=LocalRMSNorm,
@@ -114,7 +164,7 @@ def local_layer_specs(config: TransformerConfig) -> list[ModuleSpec]:
     )
     specs = []
     for layer in range(config.num_layers):
-        attention = _gated_delta_net_spec() if linear_pattern[layer] else _self_attention_spec()
+        attention = _gated_delta_net_spec() if linear_pattern[layer] else _self_attention_spec(config)
         specs.append(
             ModuleSpec(
                 module=TransformerLayer,

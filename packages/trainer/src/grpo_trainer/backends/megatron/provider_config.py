@@ -211,7 +211,7 @@ def _check_transformer_engine_options(
             needs_te.append("actor.megatron.moe_permute_fusion=false")
         if parallel.cp > 1:
             needs_te.append("parallel.cp=1")
-        if mc.attention_backend not in ("auto", "local", "unfused"):
+        if mc.attention_backend == "fused":
             needs_te.append("actor.megatron.attention_backend=auto")
     if needs_te:
         where = (
