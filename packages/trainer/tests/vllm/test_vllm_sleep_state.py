@@ -38,6 +38,7 @@ def _engine(*, sleep_mode: bool = True) -> VLLMRolloutEngine:
     engine.sleep_level = 1
     engine.asleep_tags = set()
     engine.bucket_bytes = 2**20
+    engine.shm_dir = None  # buckets inside the RPC message
     engine.platform = "cuda" if sleep_mode else "cpu"
     return engine
 

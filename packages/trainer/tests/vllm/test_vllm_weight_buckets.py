@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_trainer.rollout.vllm_weight_buckets import ALIGN_BYTES, iter_buckets, pack_bucket, unpack_bucket
+from grpo_trainer.rollout.vllm_weight_buckets import (
+    ALIGN_BYTES,
+    iter_buckets,
+    pack_bucket,
+    read_bucket_file,
+    unpack_bucket,
+    write_bucket_file,
+)
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:
@@ -30,6 +37,20 @@ def test_pack_unpack_round_trip_is_exact_for_every_dtype_and_layout():
         assert torch.equal(got, want)
     restored[0][1].add_(1.0)  # writable, and a copy: the source is untouched
     assert not torch.equal(restored[0][1], bucket[0][1])
+
+
+def test_file_round_trip_is_exact_and_survives_the_writer_deleting_the_file(tmp_path):
+    bucket = _tensors()
+    path = tmp_path / "bucket.bin"
+    meta = write_bucket_file(bucket, path)
+    assert meta == pack_bucket(bucket)[0]
+    restored = read_bucket_file(meta, str(path))
+    path.unlink()  # the reader's mapping stays valid
+    for (_, want), (_, got) in zip(bucket, restored, strict=True):
+        assert torch.equal(got, want)
+    with pytest.raises(FileExistsError):  # never writes into a file another sync may be reading
+        write_bucket_file(bucket, tmp_path / "taken.bin")
+        write_bucket_file(bucket, tmp_path / "taken.bin")
 
 
 def test_buckets_respect_the_size_and_keep_order():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -39,6 +40,8 @@ def test_sync_changes_outputs_and_matches_the_policy(vllm_engine, tiny_qwen3, pr
         synced = [e for e in logs if e["event"] == "vllm_engine.weights_synced"]
         assert synced[0]["tensors"] == len(list(policy.named_parameters()))
         assert synced[0]["buckets"] >= 2  # 1 MB buckets, ~1.4 MB of float32 weights
+        assert synced[0]["transport"] == "shm"
+        assert not list(vllm_engine.shm_dir.glob(f"grpo-weight-sync-{os.getpid()}-*"))  # cleaned up
         assert not [e for e in logs if e["event"] == "vllm_engine.weights_not_synced"]
 
         after = vllm_engine.generate(prompts, GREEDY)
@@ -55,6 +58,22 @@ def test_sync_changes_outputs_and_matches_the_policy(vllm_engine, tiny_qwen3, pr
         vllm_engine.update_weights(model.named_parameters())
     assert vllm_engine.verify_sync(model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
     assert [g.token_ids for g in vllm_engine.generate(prompts, GREEDY)] == [g.token_ids for g in before]
+
+
+def test_sync_through_the_rpc_message_when_there_is_no_shared_memory(vllm_engine, tiny_qwen3, prompts):
+    _, model, _ = tiny_qwen3
+    assert vllm_engine.shm_dir is not None  # this machine has /dev/shm: the default transport
+    policy = _perturbed(model, seed=4)
+    shm_dir, vllm_engine.shm_dir = vllm_engine.shm_dir, None
+    try:
+        with capture_logs() as logs:
+            vllm_engine.update_weights(policy.named_parameters())
+        assert [e["transport"] for e in logs if e["event"] == "vllm_engine.weights_synced"] == ["rpc"]
+        assert vllm_engine.verify_sync(policy, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+    finally:
+        vllm_engine.shm_dir = shm_dir
+        vllm_engine.update_weights(model.named_parameters())
+    assert vllm_engine.verify_sync(model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
 
 
 def test_partial_sync_keeps_other_weights_and_reports_them(vllm_engine, tiny_qwen3, prompts):

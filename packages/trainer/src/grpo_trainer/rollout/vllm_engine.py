@@ -9,8 +9,12 @@ reloaded from disk. `vllm` is imported only when an engine is built.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
@@ -18,7 +22,7 @@ import torch
 
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
-from grpo_trainer.rollout.vllm_weight_buckets import iter_buckets, pack_bucket
+from grpo_trainer.rollout.vllm_weight_buckets import iter_buckets, pack_bucket, write_bucket_file
 
 if TYPE_CHECKING:
     from grpo_config.schema import TrainerConfig
@@ -27,6 +31,7 @@ log = structlog.get_logger()
 
 WORKER_EXTENSION = "grpo_trainer.rollout.vllm_worker_ext.GRPOWorkerExtension"
 ReferenceLogprobs = Callable[[Sequence[int], Sequence[int]], Sequence[float]]
+SHM_DIR = Path("/dev/shm")
 
 
 class VLLMRolloutEngine:
@@ -47,6 +52,7 @@ class VLLMRolloutEngine:
         sleep_level: Literal[1, 2] = 1,
         logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs",
         kv_cache_memory_bytes: int | None = None,
+        weight_sync_transport: Literal["auto", "shm", "rpc"] = "auto",
         seed: int = 0,
         llm_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
@@ -60,6 +66,7 @@ class VLLMRolloutEngine:
         self.model_path = model_path
         self.dtype = dtype
         self.bucket_bytes = weight_sync_bucket_mb * 1024 * 1024
+        self.shm_dir = _pick_shm_dir(weight_sync_transport, bucket_bytes=self.bucket_bytes)
         self.sleep_level = sleep_level
         self.sleep_supported = current_platform.is_sleep_mode_available()
         self.sleep_mode = enable_sleep_mode and self.sleep_supported
@@ -189,11 +196,9 @@ class VLLMRolloutEngine:
         count = buckets = nbytes = 0
         try:
             for bucket in iter_buckets(named_tensors, bucket_bytes=self.bucket_bytes):
-                meta, payload = pack_bucket(bucket)
-                self.llm.collective_rpc("grpo_load_weight_bucket", args=(meta, payload))
+                nbytes += self._send_bucket(bucket)
                 buckets += 1
                 count += len(bucket)
-                nbytes += len(payload)
         finally:
             # Also after a failure: layers that got no tensor get their previous storage back.
             missing = self.llm.collective_rpc("grpo_finish_weight_sync")[0]
@@ -208,8 +213,32 @@ class VLLMRolloutEngine:
             tensors=count,
             buckets=buckets,
             mb=round(nbytes / 2**20, 2),
+            transport="shm" if self.shm_dir else "rpc",
             seconds=round(time.perf_counter() - started, 3),
         )
+
+    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> int:
+        """One bucket to every worker: through a shared-memory file when there is one (a single copy
+        in; workers map it), else as bytes in the RPC message. Returns the bytes sent."""
+        if self.shm_dir is not None:
+            path = self.shm_dir / f"grpo-weight-sync-{os.getpid()}-{uuid.uuid4().hex}.bin"
+            try:
+                meta = write_bucket_file(bucket, path)
+            except OSError as error:
+                path.unlink(missing_ok=True)
+                log.warning(
+                    "vllm_engine.shm_unavailable", dir=str(self.shm_dir), error=str(error), fallback="rpc"
+                )
+                self.shm_dir = None
+            else:
+                try:
+                    self.llm.collective_rpc("grpo_load_weight_file", args=(meta, str(path)))
+                finally:
+                    path.unlink(missing_ok=True)
+                return _payload_bytes(meta)
+        meta, payload = pack_bucket(bucket)
+        self.llm.collective_rpc("grpo_load_weight_bucket", args=(meta, payload))
+        return len(payload)
 
     def verify_sync(
         self,
@@ -266,6 +295,22 @@ class VLLMRolloutEngine:
         core = getattr(engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+
+
+def _payload_bytes(meta: list) -> int:
+    return sum(nbytes for *_, nbytes in meta)
+
+
+def _pick_shm_dir(transport: str, *, bucket_bytes: int) -> Path | None:
+    """Shared memory for the weight sync: /dev/shm when it exists and can hold two buckets."""
+    if transport not in ("auto", "shm", "rpc"):
+        raise ValueError(f"weight_sync_transport={transport!r}: use 'auto', 'shm' or 'rpc'")
+    if transport == "rpc":
+        return None
+    usable = SHM_DIR.is_dir() and shutil.disk_usage(SHM_DIR).free >= 2 * bucket_bytes
+    if transport == "shm" and not usable:
+        raise ValueError(f"weight_sync_transport='shm' needs {SHM_DIR} with room for two buckets; use 'auto'")
+    return SHM_DIR if usable else None
 
 
 def cpu_kv_cache_bytes(model_path: str, *, tokens: int, dtype: str, floor_mb: int = 64) -> int:

@@ -1,13 +1,17 @@
 """Bucketing and packing of HF-named tensors for the vLLM weight sync (no vLLM import here).
 
 A bucket is a list of `(name, tensor)` whose bytes add up to at most the bucket size (a single
-tensor larger than that travels alone). It crosses to the engine process as one flat `bytes`
-payload plus a metadata list of plain values, which vLLM's msgpack transport carries as-is.
+tensor larger than that travels alone). It is laid out as one flat byte buffer plus a metadata
+list of plain values. The buffer crosses to the engine's workers either as a file in shared
+memory (`write_bucket_file` / `read_bucket_file`: one copy in, the worker maps it) or, where no
+shared memory is available, as `bytes` inside vLLM's RPC message (`pack_bucket` / `unpack_bucket`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -37,25 +41,59 @@ def iter_buckets(
         yield bucket
 
 
-def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], bytes]:
-    """Copy a bucket's tensors (any device) into one contiguous CPU byte string."""
+def bucket_layout(bucket: list[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], int]:
+    """Metadata of each tensor (offsets aligned to ALIGN_BYTES) and the buffer's total size."""
     meta: list[TensorMeta] = []
     offset = 0
     for name, tensor in bucket:
         nbytes = tensor.numel() * tensor.element_size()
         meta.append((name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, nbytes))
         offset += -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
-    flat = torch.zeros(offset, dtype=torch.uint8)
+    return meta, offset
+
+
+def _fill(flat: torch.Tensor, bucket: list[tuple[str, torch.Tensor]], meta: list[TensorMeta]) -> None:
     for (_, tensor), (_, _, _, start, nbytes) in zip(bucket, meta, strict=True):
         if nbytes:
             source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
             flat[start : start + nbytes].copy_(source)
+
+
+def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], bytes]:
+    """Copy a bucket's tensors (any device) into one contiguous CPU byte string."""
+    meta, total = bucket_layout(bucket)
+    flat = torch.zeros(total, dtype=torch.uint8)
+    _fill(flat, bucket, meta)
     return meta, flat.numpy().tobytes()
+
+
+def write_bucket_file(bucket: list[tuple[str, torch.Tensor]], path: Path) -> list[TensorMeta]:
+    """Copy a bucket into a new file at `path` (meant for a shared-memory filesystem such as
+    /dev/shm). The space is reserved first, so a full filesystem raises OSError here instead of
+    killing the process on a write to the mapping."""
+    meta, total = bucket_layout(bucket)
+    size = max(total, ALIGN_BYTES)
+    with open(path, "xb") as handle:
+        os.posix_fallocate(handle.fileno(), 0, size)
+    flat = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+    _fill(flat, bucket, meta)
+    return meta
+
+
+def read_bucket_file(meta: list[TensorMeta], path: str) -> list[tuple[str, torch.Tensor]]:
+    """Tensors viewing a private mapping of the file (no copy; the writer may delete the file
+    once this returns, the mapping stays valid)."""
+    size = max(max((start + nbytes for _, _, _, start, nbytes in meta), default=0), ALIGN_BYTES)
+    flat = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+    return _views(meta, flat)
 
 
 def unpack_bucket(meta: list[TensorMeta], payload: bytes) -> list[tuple[str, torch.Tensor]]:
     """Inverse of `pack_bucket`: CPU tensors that view one writable copy of `payload`."""
-    flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    return _views(meta, torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+
+
+def _views(meta: list[TensorMeta], flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     tensors: list[tuple[str, torch.Tensor]] = []
     for name, dtype_name, shape, start, nbytes in meta:
         dtype = getattr(torch, dtype_name, None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, unpack_bucket
+from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, read_bucket_file, unpack_bucket
 
 
 class GRPOWorkerExtension:
@@ -27,11 +27,18 @@ class GRPOWorkerExtension:
         self._grpo_loaded_names = set()
 
     def grpo_load_weight_bucket(self: Any, meta: list[TensorMeta], payload: bytes) -> int:
-        """Load one bucket; returns how many tensors the model accepted."""
+        """Load one bucket sent inside the RPC message; returns how many tensors were accepted."""
+        return self._grpo_load(unpack_bucket(meta, payload))
+
+    def grpo_load_weight_file(self: Any, meta: list[TensorMeta], path: str) -> int:
+        """Load one bucket from a shared-memory file written by the trainer (mapped, not copied)."""
+        return self._grpo_load(read_bucket_file(meta, path))
+
+    def _grpo_load(self: Any, cpu_tensors: list[tuple[str, Any]]) -> int:
         from vllm.config import set_current_vllm_config
 
         device = self.model_runner.device
-        tensors = [(name, tensor.to(device)) for name, tensor in unpack_bucket(meta, payload)]
+        tensors = [(name, tensor.to(device)) for name, tensor in cpu_tensors]
         with set_current_vllm_config(self.vllm_config):
             try:
                 loaded = self.model_runner.get_model().load_weights(iter(tensors))
