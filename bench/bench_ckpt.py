@@ -1,6 +1,6 @@
 """Checkpoint save/load throughput: grpo_ckpt.CheckpointManager vs plain safetensors, same tensors.
 
-    hatch run python bench/bench_ckpt.py --size-mb 512 --repeats 3
+    hatch run python bench/bench_ckpt.py --size-mb 512 --repeats 5
 
 Half the bytes are a "model" (bf16 weights), half an AdamW-like optimizer state (fp32 exp_avg and
 exp_avg_sq), all given to both sides as one flat dict for safetensors. CheckpointManager does more
@@ -13,6 +13,7 @@ Reported: median seconds, GB/s, and grpo_ckpt / safetensors as a ratio (1.0 = as
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -52,21 +53,23 @@ def flat(model: dict[str, torch.Tensor], optimizer: dict) -> dict[str, torch.Ten
     return out
 
 
-def timed(fn: Callable[[], object], repeats: int, before: Callable[[], None] = lambda: None) -> float:
-    samples = []
+def interleaved(ops: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds per op; the ops take turns in every round, so a busy neighbour on a shared
+    machine slows all of them alike instead of whichever happened to run then."""
+    samples: dict[str, list[float]] = {name: [] for name in ops}
     for _ in range(repeats):
-        before()
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        for name, op in ops.items():
+            start = time.perf_counter()
+            op()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=512, help="total tensor bytes, MiB")
     parser.add_argument("--tensor-mb", type=int, default=32, help="size of one model tensor, MiB")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # the bench is the app
@@ -81,31 +84,41 @@ def main() -> None:
     manager = CheckpointManager(root, max_to_keep=1)
     step = iter(range(1, 10_000))
 
-    def save_plain_fsync() -> None:
+    def save_plain() -> None:
+        plain.unlink(missing_ok=True)  # a new file each time, as a checkpoint is
         save_file(tensors, plain)
+
+    def save_plain_fsync() -> None:
+        save_plain()
         fd = os.open(plain, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
+
+    def sha256_plain() -> None:
+        with open(plain, "rb") as handle:
+            hashlib.file_digest(handle, "sha256")
 
     def save_ours() -> None:
         manager.save(next(step), model=model, optimizer=optimizer, scheduler={"last_epoch": 1},
                      trainer_state={"global_step": 1})
 
     try:
-        rows = {
-            "safetensors save_file": timed(lambda: save_file(tensors, plain), args.repeats),
-            "safetensors save_file + fsync": timed(save_plain_fsync, args.repeats),
-            "grpo_ckpt save (DCP + fsync + sha256)": timed(save_ours, args.repeats),
-        }
+        save_file(tensors, plain)  # warm-up: first-touch page allocation, imports
+        save_ours()
+        rows = interleaved({
+            "safetensors save_file": save_plain,
+            "safetensors save_file + fsync": save_plain_fsync,
+            "grpo_ckpt save (fsync + sha256 + manifest)": save_ours,
+            "  of which: sha256 of the file (hashlib)": sha256_plain,
+        }, args.repeats)
         latest = manager.latest_complete()
-        load_rows = {
+        load_rows = interleaved({
             # load_file maps the file lazily: clone() makes it read every byte, as our load does.
-            "safetensors load_file + clone": timed(
-                lambda: {k: v.clone() for k, v in load_file(plain).items()}, args.repeats),
-            "safetensors load_file (lazy mmap)": timed(lambda: load_file(plain), args.repeats),
-            "grpo_ckpt load (verify=True)": timed(lambda: manager.load(latest), args.repeats),
-            "grpo_ckpt load (verify=False)": timed(lambda: manager.load(latest, verify=False), args.repeats),
-        }
+            "safetensors load_file + clone": lambda: {k: v.clone() for k, v in load_file(plain).items()},
+            "safetensors load_file (lazy mmap)": lambda: load_file(plain),
+            "grpo_ckpt load (verify=True)": lambda: manager.load(latest),
+            "grpo_ckpt load (verify=False)": lambda: manager.load(latest, verify=False),
+        }, args.repeats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

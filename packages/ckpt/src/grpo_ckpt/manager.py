@@ -112,9 +112,10 @@ class CheckpointManager:
         barrier()
 
         trees = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "dataloader": dataloader_state}
+        hashed: dict[str, mf.FileRecord] = {}  # files hashed while written
         for name, tree in trees.items():
             if tree is not None:
-                self._save_component(step_dir / name, name, tree, write_structure=rank == 0)
+                hashed.update(self._save_component(step_dir / name, name, tree, write_structure=rank == 0))
         (step_dir / "rng").mkdir(exist_ok=True)
         atomic_write_json(step_dir / "rng" / f"rank_{rank:05d}.json", capture_rng())
         if rank == 0:
@@ -125,9 +126,9 @@ class CheckpointManager:
                 self._write_extra(step_dir, name, data)
         barrier()
 
-        files = mf.list_payload_files(step_dir)
+        files = [f for f in mf.list_payload_files(step_dir) if f not in hashed]
         mine = files[rank::world]  # ranks split the hashing (and fsyncing)
-        records: dict[str, mf.FileRecord] = {}
+        records: dict[str, mf.FileRecord] = dict(hashed)
         for part in all_gather_objects(mf.hash_files(step_dir, mine, threads=self.hash_threads)):
             records.update(part)
         if rank == 0:
@@ -159,17 +160,20 @@ class CheckpointManager:
         step_dir.mkdir()
         fsync_dir(self.root)
 
-    def _save_component(self, directory: Path, name: str, tree: Any, *, write_structure: bool) -> None:
+    def _save_component(
+        self, directory: Path, name: str, tree: Any, *, write_structure: bool
+    ) -> dict[str, mf.FileRecord]:
+        """Returns records (relative to the step dir) of files already hashed while written."""
         started = time.perf_counter()
         skeleton, tensors = flatten_state(tree)
         directory.mkdir(parents=True, exist_ok=True)
-        if tensors:
-            tensor_store.save_tensors(directory, tensors)
+        hashed = tensor_store.save_tensors(directory, tensors) if tensors else {}
         if write_structure:
             atomic_write_json(directory / "structure.json", skeleton)
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         log.debug("ckpt.component_saved", component=name, tensors=len(tensors), bytes=nbytes,
                   seconds=round(time.perf_counter() - started, 3))
+        return {f"{directory.name}/{file}": record for file, record in hashed.items()}
 
     @staticmethod
     def _write_extra(step_dir: Path, name: str, data: bytes) -> None:

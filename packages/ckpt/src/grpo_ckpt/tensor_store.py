@@ -20,6 +20,9 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.tensor import DTensor
 
+from grpo_ckpt.hashed_writer import write_safetensors_hashed
+from grpo_ckpt.manifest import FileRecord
+
 __all__ = ["has_tensor_files", "load_full_tensors", "load_tensors_into", "save_tensors"]
 
 SUFFIX = ".safetensors"
@@ -39,20 +42,25 @@ def _quiet_single_process() -> Iterator[None]:
         yield
 
 
-def save_tensors(directory: Path, tensors: dict[str, torch.Tensor], *, threads: int = 1) -> None:
+def save_tensors(directory: Path, tensors: dict[str, torch.Tensor], *, threads: int = 1) -> dict[str, FileRecord]:
     """Collective when a process group exists: every rank calls it with the same keys.
 
     Plain tensors are taken as replicated (DCP writes one copy); DTensors are written shard by shard.
-    In a single process without DTensors the one file is written by safetensors directly (what DCP
-    would write, minus its planning and an extra in-memory copy of every byte).
+    In a single process without DTensors the one file DCP would write is written directly, hashed on
+    the way (`hashed_writer`); its {file name: size/sha256} is returned so nobody re-reads it.
+    Otherwise returns {} and the caller hashes the files.
     """
     directory.mkdir(parents=True, exist_ok=True)
     if not _distributed() and not any(isinstance(t, DTensor) for t in tensors.values()):
-        save_file(_unshared(tensors), directory / SINGLE_FILE)
-        return
+        try:
+            return {SINGLE_FILE: write_safetensors_hashed(directory / SINGLE_FILE, tensors)}
+        except KeyError:  # a dtype without a safetensors name: let the library decide
+            save_file(_unshared(tensors), directory / SINGLE_FILE)
+            return {}
     writer = HuggingFaceStorageWriter(str(directory), save_distributed=True, thread_count=threads)
     with _quiet_single_process():
         dcp.save(tensors, storage_writer=writer, no_dist=not _distributed())
+    return {}
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
