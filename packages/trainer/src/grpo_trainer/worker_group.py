@@ -9,6 +9,7 @@ blocked in a collective with the dead one cannot hang the run. `timeout_s` bound
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import structlog
 
 log = structlog.get_logger()
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class WorkerError(RuntimeError):
@@ -150,8 +153,9 @@ class WorkerGroup:
                 results[rank_of[ref]] = ray.get(ref)
             except Exception as exc:  # RayTaskError (raised) or RayActorError (died)
                 self.kill()
+                detail = _ANSI_ESCAPE.sub("", str(exc))
                 raise WorkerError(
-                    f"{what} failed on rank {rank_of[ref]}; all workers were stopped:\n{exc}"
+                    f"{what} failed on rank {rank_of[ref]}; all workers were stopped:\n{detail}"
                 ) from exc
             if on_done is not None:
                 on_done(rank_of[ref])

@@ -43,15 +43,16 @@ def token_log_probs(
     *,
     with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(input_ids[:, t] | input_ids[:, :t]) at position t (position 0 is 0), shape [B, T];
-    and the entropy of the distribution that predicted position t, same layout."""
+    """log p(input_ids[:, t] | input_ids[:, :t]) at position t, shape [B, T], and the entropy of
+    the distribution that predicted position t, same layout; 0 at position 0 and on padding."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     logits = logits[:, :-1].float()
     targets = input_ids[:, 1:]
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    valid = attention_mask[:, 1:].to(log_probs.dtype)  # padding positions read 0, not noise
     zeros = log_probs.new_zeros(log_probs.shape[0], 1)
-    log_probs = torch.cat([zeros, log_probs], dim=1)
+    log_probs = torch.cat([zeros, log_probs * valid], dim=1)
     if not with_entropy:
         return log_probs, None
-    entropy = torch.cat([zeros, entropy_from_logits(logits)], dim=1)
+    entropy = torch.cat([zeros, entropy_from_logits(logits) * valid], dim=1)
     return log_probs, entropy

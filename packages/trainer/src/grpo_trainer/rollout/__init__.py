@@ -44,5 +44,5 @@ def make_rollout_engine(
     if name == "vllm":
         from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
 
-        return VLLMRolloutEngine(cfg, device=device)
+        return VLLMRolloutEngine.from_config(cfg, cfg.actor.model_path)
     raise ValueError(f"rollout.engine={name!r} is unknown; use one of {list(ENGINES)}")
