@@ -20,8 +20,8 @@ STEPS = 3
 
 def _tiny_available() -> bool:
     try:
-        from grpo_trainer import train  # noqa: F401
         from grpo_trainer.presets import tiny_preset  # noqa: F401
+        from grpo_trainer.trainer import train  # noqa: F401
     except ImportError:
         return False
     return True

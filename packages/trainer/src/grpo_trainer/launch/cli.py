@@ -85,7 +85,9 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
 
 
 def _train(plan: LaunchPlan) -> int:
-    from grpo_trainer import train  # torch, Ray and the engines: only once a run really starts
+    # torch, Ray and the engines: imported only once a run really starts. From its defining module
+    # (re-exported as `grpo_trainer.train`) so that importing the launcher stays light.
+    from grpo_trainer.trainer import train
 
     log.info(
         "launch",
