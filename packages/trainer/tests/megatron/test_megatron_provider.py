@@ -135,8 +135,9 @@ def _free_port() -> int:
 @pytest.mark.skipif(
     importlib.util.find_spec("fla") is None, reason="Qwen3.5's Gated DeltaNet needs flash-linear-attention"
 )
+@pytest.mark.parametrize("grouped", [False, True], ids=["sequential-experts", "grouped-experts"])
 def test_local_qwen35_moe_spec_round_trips_hf_weights_exactly(
-    auto_bridge: object, qwen35_path: Path, monkeypatch: pytest.MonkeyPatch
+    auto_bridge: object, qwen35_path: Path, monkeypatch: pytest.MonkeyPatch, grouped: bool
 ) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -146,7 +147,9 @@ def test_local_qwen35_moe_spec_round_trips_hf_weights_exactly(
 
     # CPU-only: megatron-core puts Gated DeltaNet parameters on torch.cuda.current_device().
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
-    megatron = dataclasses.replace(LOCAL, override_transformer_config={"use_cpu_initialization": True})
+    megatron = dataclasses.replace(
+        LOCAL, moe_grouped_gemm=grouped, override_transformer_config={"use_cpu_initialization": True}
+    )
     started_here = not dist.is_initialized()
     if started_here:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
@@ -159,6 +162,10 @@ def test_local_qwen35_moe_spec_round_trips_hf_weights_exactly(
         model = provider.provide_distributed_model(
             wrap_with_ddp=False, use_cpu_initialization=True, bf16=True
         )
+        from grpo_trainer.backends.megatron.grouped_experts import GroupedMMExperts
+
+        experts = model[0].module.decoder.layers[0].mlp.experts
+        assert isinstance(experts, GroupedMMExperts) is grouped
         names = {name for name, _ in model[0].named_parameters()}
         assert "module.decoder.layers.0.self_attention.in_proj.weight" in names  # Gated DeltaNet layer
         assert "module.decoder.layers.3.self_attention.linear_qkv.weight" in names  # gated attention layer
@@ -213,3 +220,48 @@ def test_sdpa_core_attention_matches_causal_softmax_attention_with_gqa() -> None
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="causal self-attention only"):
         SDPAttention(config, layer_number=1, attn_mask_type=AttnMaskType.padding, attention_type="self")
+
+
+@pytest.mark.parametrize("with_empty_expert", [False, True])
+def test_grouped_experts_match_a_per_expert_loop(with_empty_expert: bool) -> None:
+    """Grouped GEMM SwiGLU experts (torch._grouped_mm; CPU fallback here) vs a loop over experts
+    written out like megatron-core's MLP: values and gradients of inputs and every weight (bf16)."""
+    import torch.nn.functional as F
+
+    from grpo_trainer.backends.megatron.grouped_experts import grouped_swiglu_experts
+
+    gen = torch.Generator().manual_seed(0)
+    experts, hidden, ffn = 4, 32, 16
+    counts = torch.tensor([3, 0, 5, 4] if with_empty_expert else [3, 2, 5, 2])
+    tokens = int(counts.sum())
+    x = torch.randn(tokens, hidden, generator=gen).bfloat16()
+    probs = torch.rand(tokens, generator=gen)
+    fc1 = [(torch.randn(2 * ffn, hidden, generator=gen) * 0.2).bfloat16() for _ in range(experts)]
+    fc2 = [(torch.randn(hidden, ffn, generator=gen) * 0.2).bfloat16() for _ in range(experts)]
+    upstream = torch.randn(tokens, hidden, generator=gen).bfloat16()
+
+    def leaves() -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        return (
+            x.clone().requires_grad_(True),
+            [w.clone().requires_grad_(True) for w in fc1],
+            [w.clone().requires_grad_(True) for w in fc2],
+        )
+
+    gx, g1, g2 = leaves()
+    out = grouped_swiglu_experts(gx, counts, probs, g1, g2)
+    (out.float() * upstream.float()).sum().backward()
+
+    rx, r1, r2 = leaves()
+    rows = []
+    for index, chunk in enumerate(torch.split(rx, counts.tolist())):
+        gate, up = torch.chunk(chunk @ r1[index].T, 2, dim=-1)
+        start = int(counts[:index].sum())
+        scaled = ((F.silu(gate) * up) * probs[start : start + chunk.shape[0]].unsqueeze(-1)).to(chunk.dtype)
+        rows.append(scaled @ r2[index].T)
+    ref = torch.cat(rows)
+    (ref.float() * upstream.float()).sum().backward()
+
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(gx.grad, rx.grad, atol=2e-2, rtol=2e-2)
+    for ours, theirs in zip(g1 + g2, r1 + r2, strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad, atol=2e-2, rtol=2e-2)

@@ -17,6 +17,7 @@ from grpo_trainer.backends.megatron import (
     resolve_parallel_layout,
     validate_overrides,
 )
+from grpo_trainer.backends.megatron.provider_config import torch_grouped_experts
 
 LOCAL = MegatronConfig(transformer_impl="local", moe_grouped_gemm=False, moe_permute_fusion=False)
 
@@ -110,18 +111,14 @@ def test_default_config_without_transformer_engine_names_every_switch() -> None:
     with pytest.raises(TransformerEngineRequiredError) as err:
         provider_settings(_cfg(MegatronConfig()), transformer_engine_available=False)
     message = str(err.value)
-    for switch in (
-        "actor.megatron.transformer_impl=local",
-        "actor.megatron.moe_grouped_gemm=false",
-        "actor.megatron.moe_permute_fusion=false",
-    ):
+    for switch in ("actor.megatron.transformer_impl=local", "actor.megatron.moe_permute_fusion=false"):
         assert switch in message
+    assert "moe_grouped_gemm" not in message  # the local layers do grouped GEMMs with torch
 
 
 @pytest.mark.parametrize(
     ("change", "switch"),
     [
-        ({"moe_grouped_gemm": True}, "moe_grouped_gemm=false"),
         ({"moe_permute_fusion": True}, "moe_permute_fusion=false"),
         ({"attention_backend": "fused"}, "attention_backend=auto"),
     ],
@@ -129,6 +126,15 @@ def test_default_config_without_transformer_engine_names_every_switch() -> None:
 def test_local_impl_refuses_te_only_options(change: dict[str, object], switch: str) -> None:
     with pytest.raises(TransformerEngineRequiredError, match=switch):
         provider_settings(_cfg(replace(LOCAL, **change)), transformer_engine_available=True)
+
+
+def test_local_grouped_gemm_means_torch_grouped_experts() -> None:
+    grouped = replace(LOCAL, moe_grouped_gemm=True)
+    settings = provider_settings(_cfg(grouped), transformer_engine_available=False)
+    assert settings["moe_grouped_gemm"] is False  # the provider must not ask for TE's grouped GEMM
+    assert torch_grouped_experts(grouped) is True
+    assert torch_grouped_experts(LOCAL) is False
+    assert torch_grouped_experts(MegatronConfig()) is False  # TE layers: TE's own grouped GEMM
 
 
 def test_context_parallel_needs_transformer_engine() -> None:

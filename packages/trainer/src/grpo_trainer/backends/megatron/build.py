@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import structlog
@@ -24,6 +25,7 @@ from grpo_trainer.backends.megatron.provider_config import (
     ParallelLayout,
     provider_settings,
     resolve_parallel_layout,
+    torch_grouped_experts,
     validate_overrides,
 )
 
@@ -89,7 +91,10 @@ def configure_provider(
     for name, value in {**settings, **overrides}.items():
         setattr(provider, name, value)
     if megatron.transformer_impl == "local":
-        provider.transformer_layer_spec = local_block_spec
+        grouped = torch_grouped_experts(megatron)
+        provider.transformer_layer_spec = (
+            partial(local_block_spec, grouped_experts=grouped) if grouped else local_block_spec
+        )
     if overrides:
         log.info("megatron.override_transformer_config", **{k: repr(v) for k, v in overrides.items()})
 

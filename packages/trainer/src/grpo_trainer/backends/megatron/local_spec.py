@@ -4,13 +4,16 @@ Qwen3, Qwen3-MoE and the Qwen3.5 hybrid (Gated DeltaNet + gated attention) famil
 Megatron-core's Qwen3.5 block spec only supports transformer_engine, and its local spec uses
 `torch.nn.RMSNorm`, which refuses zero-centred gammas (Qwen3.5) and sequence parallelism. Here:
 column/row parallel linears, causal SDPA (`SDPAttention`; megatron-core's unfused
-`DotProductAttention` with attention_backend=local/unfused), `SequentialMLP` experts, `GatedDeltaNet` with
+`DotProductAttention` with attention_backend=local/unfused), `SequentialMLP` experts (or grouped
+GEMMs through `torch._grouped_mm` when moe_grouped_gemm=true), `GatedDeltaNet` with
 a separate input norm, and `LocalRMSNorm`. Parameter names are the ones Megatron-Bridge maps
 (its registry aliases `input_layernorm.weight` to the fused TE name).
 Imports megatron: only imported by the Megatron backend.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
@@ -27,6 +30,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import (
@@ -139,8 +143,19 @@ def _gated_delta_net_spec() -> ModuleSpec:
     )
 
 
-def local_layer_specs(config: TransformerConfig) -> list[ModuleSpec]:
-    """One spec per decoder layer of the whole model (all pipeline stages)."""
+class _GroupedExpertsSpecProvider(LocalSpecProvider):
+    def grouped_mlp_modules(self, moe_use_grouped_gemm: bool) -> partial:
+        from grpo_trainer.backends.megatron.grouped_experts import GroupedMMExperts
+
+        return partial(
+            GroupedMMExperts,
+            submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
+        )
+
+
+def local_layer_specs(config: TransformerConfig, *, grouped_experts: bool = False) -> list[ModuleSpec]:
+    """One spec per decoder layer of the whole model (all pipeline stages). `grouped_experts`:
+    MoE experts as grouped GEMMs (`GroupedMMExperts`) instead of `SequentialMLP`."""
     if config.qk_layernorm is False:
         raise ValueError(
             "the local Megatron spec is written for Qwen models with q/k norms (qk_layernorm=True)"
@@ -153,7 +168,7 @@ def local_layer_specs(config: TransformerConfig) -> list[ModuleSpec]:
             f"experimental_attention_variant={config.experimental_attention_variant!r} has no local spec here"
         )
     moe_pattern = get_moe_layer_pattern(config) if config.num_moe_experts else [0] * config.num_layers
-    backend = LocalSpecProvider()
+    backend = _GroupedExpertsSpecProvider() if grouped_experts else LocalSpecProvider()
     dense_mlp = get_mlp_module_spec_for_backend(backend=backend, num_experts=None)
     moe_mlp = (
         get_moe_module_spec_for_backend(
@@ -182,12 +197,16 @@ def local_layer_specs(config: TransformerConfig) -> list[ModuleSpec]:
 
 
 def local_block_spec(
-    config: TransformerConfig, vp_stage: int | None = None, pp_rank: int | None = None
+    config: TransformerConfig,
+    vp_stage: int | None = None,
+    pp_rank: int | None = None,
+    *,
+    grouped_experts: bool = False,
 ) -> TransformerBlockSubmodules:
     """The decoder block of this pipeline stage (use as the provider's `transformer_layer_spec`)."""
     if config.pipeline_model_parallel_layout is not None:
         raise ValueError("pipeline_model_parallel_layout is not supported with the local Megatron spec")
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
     count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    specs = local_layer_specs(config)[offset : offset + count]
+    specs = local_layer_specs(config, grouped_experts=grouped_experts)[offset : offset + count]
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=LocalRMSNorm)

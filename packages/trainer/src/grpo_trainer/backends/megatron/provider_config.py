@@ -171,7 +171,9 @@ def provider_settings(
         "sequence_parallel": parallel.sequence_parallel,
         "transformer_impl": mc.transformer_impl,
         **_DTYPE_FLAGS[cfg.actor.dtype],
-        "moe_grouped_gemm": mc.moe_grouped_gemm,
+        # With the local layers our spec picks the experts module (`torch_grouped_experts`); the
+        # provider's own flag would ask megatron-core for TE's grouped GEMM.
+        "moe_grouped_gemm": mc.moe_grouped_gemm and not local,
         "moe_permute_fusion": mc.moe_permute_fusion,
         "moe_token_dispatcher_type": mc.moe_token_dispatcher_type,
         "moe_aux_loss_coeff": mc.moe_aux_loss_coeff,
@@ -198,6 +200,12 @@ def provider_settings(
     return settings
 
 
+def torch_grouped_experts(megatron: MegatronConfig) -> bool:
+    """True when MoE experts run as `torch._grouped_mm` grouped GEMMs (local layers with
+    moe_grouped_gemm=true) rather than megatron-core's `SequentialMLP` loop."""
+    return megatron.transformer_impl == "local" and megatron.moe_grouped_gemm
+
+
 def _check_transformer_engine_options(
     mc: MegatronConfig, parallel: ParallelConfig, *, transformer_engine_available: bool
 ) -> None:
@@ -205,8 +213,7 @@ def _check_transformer_engine_options(
     if mc.transformer_impl == "transformer_engine" and not transformer_engine_available:
         needs_te.append("actor.megatron.transformer_impl=local")
     if mc.transformer_impl == "local" or not transformer_engine_available:
-        if mc.moe_grouped_gemm:
-            needs_te.append("actor.megatron.moe_grouped_gemm=false")
+        # moe_grouped_gemm needs no TE: the local spec then uses torch grouped GEMMs.
         if mc.moe_permute_fusion:
             needs_te.append("actor.megatron.moe_permute_fusion=false")
         if parallel.cp > 1:
