@@ -33,16 +33,25 @@ RESULTS: dict[str, Any] = {}
 PROFILE = False
 
 
-def megatron_cfg(*, model_path: str, use_kl_loss: bool, micro_batch: int, seq: int, torch_gdn: bool) -> Any:
+def megatron_cfg(
+    *,
+    model_path: str,
+    use_kl_loss: bool,
+    micro_batch: int,
+    seq: int,
+    torch_gdn: bool,
+    grouped_experts: bool = False,
+    attention: str = "auto",
+) -> Any:
     from grpo_config.schema import ActorConfig, DataConfig, MegatronConfig, TrainerConfig
 
     mc = MegatronConfig(
         transformer_impl="local",
-        moe_grouped_gemm=False,
+        moe_grouped_gemm=grouped_experts,  # local layers: torch._grouped_mm experts
         moe_permute_fusion=False,
         moe_token_dispatcher_type="alltoall",
         moe_router_load_balancing_type="none",
-        attention_backend="auto",
+        attention_backend=attention,  # auto: SDPA; unfused: megatron-core DotProductAttention
         use_distributed_optimizer=True,
         # deterministic_mode makes megatron-core's Gated DeltaNet use its pure-torch chunked delta
         # rule: FLA 0.6's backward refuses Triton < 3.7.1 on Hopper (wrong gradients), and the GPU
@@ -364,6 +373,7 @@ def phase_mfu(spec: str) -> None:
     from grpo_trainer.protocols import PolicyBatch
 
     family, *numbers = spec.split(",")
+    family, *options = family.split("+")  # e.g. qwen3moe+gmm+unfused
     layers, experts, topk, moe_ffn, hidden, batch, seq, micro = (int(v) for v in numbers)
     config = mfu_model(family, layers, experts, topk, moe_ffn, hidden, seq)
     work = Path(tempfile.mkdtemp())
@@ -375,6 +385,8 @@ def phase_mfu(spec: str) -> None:
         micro_batch=micro,
         seq=seq,
         torch_gdn=family != "qwen3moe",
+        grouped_experts="gmm" in options,
+        attention="unfused" if "unfused" in options else "auto",
     )
     backend = MegatronBackend.from_config(cfg, model_path=str(model_path))
     ids = torch.randint(3, config.vocab_size, (batch, seq))
@@ -401,7 +413,7 @@ def phase_mfu(spec: str) -> None:
         flops, active = step_flops(config, batch=batch, seq=seq), active_params(config)["active"]
     total = sum(p.numel() for chunk in backend.model for p in chunk.parameters())
     row = {
-        "family": family,
+        "family": "+".join([family, *options]),
         "layers": layers,
         "hidden": hidden,
         "experts": experts,
