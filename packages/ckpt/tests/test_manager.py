@@ -182,13 +182,17 @@ def test_resave_same_step_replaces_it(tmp_path: Path) -> None:
     assert loaded.optimizer is None and loaded.trainer_state == {"x": 1}
 
 
-def test_bad_arguments_raise_value_errors(tmp_path: Path) -> None:
+def test_bad_arguments_raise_value_errors_before_touching_the_disk(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path)
+    good = _save(manager, 1)
+    with pytest.raises(ValueError, match=r"builtins\.set at state/0"):
+        manager.save(1, model=None, optimizer={"state": {0: {1, 2}}}, scheduler=None, trainer_state={})
+    assert manager.latest_complete() == good  # the existing step 1 was not deleted
     with pytest.raises(ValueError, match="non-negative int"):
         manager.save(-1, model=None, optimizer=None, scheduler=None, trainer_state={})
     with pytest.raises(ValueError, match="relative path"):
         manager.save(1, model=None, optimizer=None, scheduler=None, trainer_state={}, extra_files={"../x": b""})
-    assert manager.latest_complete() is None
+    assert manager.latest_complete() == good
 
 
 def test_tied_and_non_contiguous_tensors_round_trip(tmp_path: Path) -> None:

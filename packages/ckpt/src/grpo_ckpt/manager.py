@@ -106,16 +106,19 @@ class CheckpointManager:
         rank, world = rank_and_world()
         step_dir = self.step_dir(step)
         started = time.perf_counter()
+        trees = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "dataloader": dataloader_state}
+        # Refuse bad input before touching the disk (re-saving a step deletes the old one first).
+        flat = {name: flatten_state(tree) for name, tree in trees.items() if tree is not None}
+        for name in extra_files or {}:
+            _check_extra_name(name)
         if rank == 0:
             log.info("ckpt.save_start", step=step, path=str(step_dir))
             self._prepare_empty(step_dir)
         barrier()
 
-        trees = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "dataloader": dataloader_state}
         hashed: dict[str, mf.FileRecord] = {}  # files hashed while written
-        for name, tree in trees.items():
-            if tree is not None:
-                hashed.update(self._save_component(step_dir / name, name, tree, write_structure=rank == 0))
+        for name, (skeleton, tensors) in flat.items():
+            hashed.update(self._save_component(step_dir / name, skeleton, tensors, write_structure=rank == 0))
         (step_dir / "rng").mkdir(exist_ok=True)
         atomic_write_json(step_dir / "rng" / f"rank_{rank:05d}.json", capture_rng())
         if rank == 0:
@@ -161,26 +164,22 @@ class CheckpointManager:
         fsync_dir(self.root)
 
     def _save_component(
-        self, directory: Path, name: str, tree: Any, *, write_structure: bool
+        self, directory: Path, skeleton: Any, tensors: dict[str, torch.Tensor], *, write_structure: bool
     ) -> dict[str, mf.FileRecord]:
         """Returns records (relative to the step dir) of files already hashed while written."""
         started = time.perf_counter()
-        skeleton, tensors = flatten_state(tree)
         directory.mkdir(parents=True, exist_ok=True)
         hashed = tensor_store.save_tensors(directory, tensors) if tensors else {}
         if write_structure:
             atomic_write_json(directory / "structure.json", skeleton)
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        log.debug("ckpt.component_saved", component=name, tensors=len(tensors), bytes=nbytes,
+        log.debug("ckpt.component_saved", component=directory.name, tensors=len(tensors), bytes=nbytes,
                   seconds=round(time.perf_counter() - started, 3))
         return {f"{directory.name}/{file}": record for file, record in hashed.items()}
 
     @staticmethod
     def _write_extra(step_dir: Path, name: str, data: bytes) -> None:
-        rel = Path(name)
-        if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.parts[0].startswith("."):
-            raise ValueError(f"extra file name {name!r} must be a relative path inside the checkpoint")
-        target = step_dir / "extra" / rel
+        target = step_dir / "extra" / name
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(target, bytes(data))
 
@@ -316,6 +315,12 @@ class CheckpointManager:
             return read_json(own)
         log.warning("ckpt.rng_missing", path=str(own), reason="saved at a different world size; RNG not restored")
         return None
+
+
+def _check_extra_name(name: str) -> None:
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts or any(p.startswith(".") for p in rel.parts):
+        raise ValueError(f"extra file name {name!r} must be a relative path inside the checkpoint (no '..', no dot files)")
 
 
 def _verify_or_message(path: Path, files: list[str], threads: int) -> str | None:
