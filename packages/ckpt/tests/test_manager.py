@@ -176,10 +176,13 @@ def test_resave_same_step_replaces_it(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path)
     _save(manager, 2)
     state = _state(9)
-    manager.save(2, model=state["model"], optimizer=None, scheduler=None, trainer_state={"x": 1})
+    skipped = {"hf_export": {"strict": False, "source_keys_not_written": ["model.extra.weight"]}}
+    manager.save(2, model=state["model"], optimizer=None, scheduler=None, trainer_state={"x": 1},
+                 manifest_extra=skipped)
     loaded = manager.load(tmp_path / "global_step_2")
     _assert_tree_equal(state["model"], loaded.model)
     assert loaded.optimizer is None and loaded.trainer_state == {"x": 1}
+    assert loaded.manifest["hf_export"] == skipped["hf_export"] and loaded.manifest["components"] == ["model"]
 
 
 def test_bad_arguments_raise_value_errors_before_touching_the_disk(tmp_path: Path) -> None:
