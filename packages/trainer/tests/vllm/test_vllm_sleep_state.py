@@ -25,7 +25,7 @@ class RecordingLLM:
 
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
         self.calls.append(("rpc", method))
-        return [[]] if method == "grpo_finish_weight_sync" else [None]
+        return [[]]
 
     def reset_prefix_cache(self) -> None:
         self.calls.append(("reset_prefix_cache",))
@@ -51,9 +51,7 @@ def test_sync_on_a_sleeping_engine_wakes_the_weights_first_and_leaves_the_kv_cac
     assert engine.llm.calls == [
         ("sleep", 1),
         ("wake_up", ("weights",)),
-        ("rpc", "grpo_begin_weight_sync"),
-        ("rpc", "grpo_load_weight_bucket"),
-        ("rpc", "grpo_finish_weight_sync"),
+        ("rpc", "grpo_load_weights"),  # one bucket: opens and closes the sync in one call
     ]  # no prefix-cache reset: sleeping dropped it already
     assert engine.asleep_tags == {"kv_cache"}
     with pytest.raises(RuntimeError, match=r"asleep \(\['kv_cache'\]\)"):

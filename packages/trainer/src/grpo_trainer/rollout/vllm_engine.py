@@ -14,6 +14,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,7 +23,7 @@ import torch
 
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
-from grpo_trainer.rollout.vllm_weight_buckets import iter_buckets, pack_bucket, write_bucket_file
+from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, iter_buckets, pack_bucket, write_bucket_file
 
 if TYPE_CHECKING:
     from grpo_config.schema import TrainerConfig
@@ -192,20 +193,32 @@ class VLLMRolloutEngine:
         if "weights" in self.asleep_tags:
             self.wake_up(["weights"])
         started = time.perf_counter()
-        self.llm.collective_rpc("grpo_begin_weight_sync")
+        # One bucket is prepared ahead, so the last one can be sent with finish=True.
+        pending: _Bucket | None = None
+        opened = finished = False
         count = buckets = nbytes = 0
+        missing: list[str] = []
         try:
             for bucket in iter_buckets(named_tensors, bucket_bytes=self.bucket_bytes):
-                nbytes += self._send_bucket(bucket)
+                previous, pending = pending, self._prepare_bucket(bucket)
+                if previous is not None:
+                    opened = True
+                    self._send_bucket(previous, begin=buckets == 1, finish=False)
                 buckets += 1
                 count += len(bucket)
+                nbytes += pending.nbytes
+            if pending is None:
+                raise ValueError("update_weights got no tensors")
+            opened = True
+            missing = self._send_bucket(pending, begin=buckets == 1, finish=True)
+            finished = True
         finally:
-            # Also after a failure: layers that got no tensor get their previous storage back.
-            missing = self.llm.collective_rpc("grpo_finish_weight_sync")[0]
-            if "kv_cache" not in self.asleep_tags:  # sleeping already dropped the prefix cache
+            if pending is not None:
+                pending.discard()
+            if opened and not finished:  # the trainer side failed mid-way: close the sync
+                self.llm.collective_rpc("grpo_finish_weight_sync")
+            if opened and "kv_cache" not in self.asleep_tags:  # sleeping dropped the prefix cache
                 self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        if count == 0:
-            raise ValueError("update_weights got no tensors")
         if missing:
             log.warning("vllm_engine.weights_not_synced", count=len(missing), names=missing[:8])
         log.info(
@@ -217,9 +230,9 @@ class VLLMRolloutEngine:
             seconds=round(time.perf_counter() - started, 3),
         )
 
-    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> int:
-        """One bucket to every worker: through a shared-memory file when there is one (a single copy
-        in; workers map it), else as bytes in the RPC message. Returns the bytes sent."""
+    def _prepare_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> _Bucket:
+        """Lay a bucket out for the workers: written once into a shared-memory file they map, or
+        packed as bytes for the RPC message when there is no usable shared memory."""
         if self.shm_dir is not None:
             path = self.shm_dir / f"grpo-weight-sync-{os.getpid()}-{uuid.uuid4().hex}.bin"
             try:
@@ -231,14 +244,16 @@ class VLLMRolloutEngine:
                 )
                 self.shm_dir = None
             else:
-                try:
-                    self.llm.collective_rpc("grpo_load_weight_file", args=(meta, str(path)))
-                finally:
-                    path.unlink(missing_ok=True)
-                return _payload_bytes(meta)
+                return _Bucket(meta=meta, data=str(path), transport="shm")
         meta, payload = pack_bucket(bucket)
-        self.llm.collective_rpc("grpo_load_weight_bucket", args=(meta, payload))
-        return len(payload)
+        return _Bucket(meta=meta, data=payload, transport="rpc")
+
+    def _send_bucket(self, bucket: _Bucket, *, begin: bool, finish: bool) -> list[str]:
+        try:
+            args = (bucket.meta, bucket.data, bucket.transport, begin, finish)
+            return self.llm.collective_rpc("grpo_load_weights", args=args)[0]
+        finally:
+            bucket.discard()
 
     def verify_sync(
         self,
@@ -297,8 +312,19 @@ class VLLMRolloutEngine:
             core.shutdown()
 
 
-def _payload_bytes(meta: list) -> int:
-    return sum(nbytes for *_, nbytes in meta)
+@dataclass(frozen=True, kw_only=True)
+class _Bucket:
+    meta: list[TensorMeta]
+    data: bytes | str  # the bytes, or the path of the shared-memory file
+    transport: Literal["shm", "rpc"]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(nbytes for *_, nbytes in self.meta)
+
+    def discard(self) -> None:
+        if self.transport == "shm":
+            Path(str(self.data)).unlink(missing_ok=True)
 
 
 def _pick_shm_dir(transport: str, *, bucket_bytes: int) -> Path | None:

@@ -1,11 +1,12 @@
 """Methods mixed into every vLLM worker (`worker_extension_cls`), called by name through
 `LLM.collective_rpc`, so no pickled code crosses to the engine process.
 
-A weight sync is `grpo_begin_weight_sync`, one `grpo_load_weight_bucket` per bucket, then
-`grpo_finish_weight_sync`. It uses vLLM's in-place layerwise reload: each layer is rebuilt from
-checkpoint-format (HF-named) tensors and re-processed (repacking, quantisation) as soon as all of
-its tensors have arrived, then copied into the storage the engine already uses. A layer split over
-two buckets simply waits for the second one.
+A weight sync is one `grpo_load_weights` call per bucket: the first opens the sync
+(`begin=True`), the last closes it (`finish=True`), so a one-bucket sync is a single round trip.
+It uses vLLM's in-place layerwise reload: each layer is rebuilt from checkpoint-format (HF-named)
+tensors and re-processed (repacking, quantisation) as soon as all of its tensors have arrived,
+then copied into the storage the engine already uses. A layer split over two buckets simply waits
+for the second one. A failure closes the sync: layers that got nothing keep their weights.
 """
 
 from __future__ import annotations
@@ -18,23 +19,51 @@ from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, read_bucket_fil
 class GRPOWorkerExtension:
     """Mixed into vLLM's `Worker`; `self` is the worker (`model_runner`, `vllm_config`)."""
 
-    def grpo_begin_weight_sync(self: Any) -> None:
+    def grpo_load_weights(
+        self: Any, meta: list[TensorMeta], data: bytes | str, transport: str, begin: bool, finish: bool
+    ) -> list[str]:
+        """Load one bucket: `data` is the bytes themselves (`transport="rpc"`) or the path of a
+        shared-memory file to map (`"shm"`). Returns, when `finish`, the model's parameters that
+        no bucket of this sync loaded (they keep their previous values)."""
+        if begin:
+            self._grpo_begin()
+        try:
+            tensors = read_bucket_file(meta, data) if transport == "shm" else unpack_bucket(meta, data)
+            self._grpo_load(tensors)
+        except BaseException:
+            self.grpo_finish_weight_sync()
+            raise
+        return self.grpo_finish_weight_sync() if finish else []
+
+    def grpo_finish_weight_sync(self: Any) -> list[str]:
+        """Close an open sync (no-op otherwise): process the layers still waiting, restore those
+        that got nothing, drop caches derived from the old weights."""
+        if not getattr(self, "_grpo_sync_open", False):
+            return []
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        self._grpo_sync_open = False
+        model = self.model_runner.get_model()
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            if hasattr(self.model_runner, reset):
+                getattr(self.model_runner, reset)()
+        missing = {name for name, _ in model.named_parameters()} - self._grpo_loaded_names
+        return sorted(missing)
+
+    def _grpo_begin(self: Any) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        self.grpo_finish_weight_sync()  # a sync left open by a dead trainer
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self.model_runner.get_model())
         self._grpo_loaded_names = set()
+        self._grpo_sync_open = True
 
-    def grpo_load_weight_bucket(self: Any, meta: list[TensorMeta], payload: bytes) -> int:
-        """Load one bucket sent inside the RPC message; returns how many tensors were accepted."""
-        return self._grpo_load(unpack_bucket(meta, payload))
-
-    def grpo_load_weight_file(self: Any, meta: list[TensorMeta], path: str) -> int:
-        """Load one bucket from a shared-memory file written by the trainer (mapped, not copied)."""
-        return self._grpo_load(read_bucket_file(meta, path))
-
-    def _grpo_load(self: Any, cpu_tensors: list[tuple[str, Any]]) -> int:
+    def _grpo_load(self: Any, cpu_tensors: list[tuple[str, Any]]) -> None:
         from vllm.config import set_current_vllm_config
 
         device = self.model_runner.device
@@ -47,21 +76,4 @@ class GRPOWorkerExtension:
                 raise RuntimeError(
                     f"weight sync: vLLM could not load {shapes}: {type(error).__name__}: {error}"
                 ) from error
-        names = {name for name, _ in tensors} if loaded is None else set(loaded)
-        self._grpo_loaded_names |= names
-        return len(names)
-
-    def grpo_finish_weight_sync(self: Any) -> list[str]:
-        """Process layers that are still waiting; returns the model's parameters that no bucket
-        loaded (they keep their previous values)."""
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        model = self.model_runner.get_model()
-        with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(model, self.model_config)
-        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
-            if hasattr(self.model_runner, reset):
-                getattr(self.model_runner, reset)()
-        missing = {name for name, _ in model.named_parameters()} - self._grpo_loaded_names
-        return sorted(missing)
+        self._grpo_loaded_names |= {name for name, _ in tensors} if loaded is None else set(loaded)
