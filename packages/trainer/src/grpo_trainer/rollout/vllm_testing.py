@@ -10,23 +10,22 @@ TEXTS = [f"the quick brown fox {i} jumps over the lazy dog {i * 7 % 13}" for i i
 
 
 def build_tiny_qwen3(
-    path: Path | str, *, seed: int = 0, vocab_size: int = 300, num_layers: int = 2, hidden_size: int = 128
+    path: Path | str,
+    *,
+    seed: int = 0,
+    vocab_size: int = 300,
+    num_layers: int = 2,
+    hidden_size: int = 128,
+    tokenizer: Any = None,
 ) -> tuple[Any, Any]:
     """Save a float32 `Qwen3ForCausalLM` (default hidden 128; head_dim 32, hidden_size / 32 heads)
-    and its BPE tokenizer to `path`; returns `(model, tokenizer)`. The same seed gives the same
-    weights."""
+    and its tokenizer to `path`; returns `(model, tokenizer)`. Without `tokenizer`, a byte-level
+    BPE of `vocab_size` is trained on a small corpus. The same seed gives the same weights."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|pad|>", "<|endoftext|>"], show_progress=False
-    )
-    core.train_from_iterator(TEXTS, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|pad|>", eos_token="<|endoftext|>")
+    if tokenizer is None:
+        tokenizer = _train_tokenizer(vocab_size)
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -45,6 +44,22 @@ def build_tiny_qwen3(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return model, tokenizer
+
+
+def _train_tokenizer(vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|pad|>", "<|endoftext|>"], show_progress=False
+    )
+    core.train_from_iterator(TEXTS, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|pad|>", eos_token="<|endoftext|>")
