@@ -92,6 +92,7 @@ def _rank_main(rank: int, world: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.timeout(180)
 def test_two_gloo_ranks_match_the_full_vocabulary() -> None:
     """The vocabulary (50) is split 25/25 over 2 processes; each computes the same log-probs and
     entropy, and its slice of the gradient, as the unsplit reference."""
