@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from _trl_spec import BenchSpec, SideResult
+from _trl_spec import BenchSpec, SideResult, per_step, tree_cpu_seconds
 
 
 def bench_overrides(workdir: Path, *, total_steps: int) -> list[str]:
@@ -39,14 +39,18 @@ def load_config(preset_dir: Path, run_dir: Path, *, user_overrides: list[str], t
 
 
 class StepEventClock:
-    """A structlog processor noting when each "train.step" event is emitted."""
+    """A structlog processor noting when each "train.step" event is emitted, and the CPU time
+    of this process tree (driver, Ray's processes, workers, reward workers) by then."""
 
     def __init__(self) -> None:
         self.ends: dict[int, float] = {}
+        self.cpu: dict[int, float] = {}
 
     def __call__(self, logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
         if event_dict.get("event") == "train.step":
-            self.ends[int(event_dict["step"])] = time.perf_counter()
+            step = int(event_dict["step"])
+            self.ends[step] = time.perf_counter()
+            self.cpu[step] = tree_cpu_seconds(os.getpid())
         return event_dict
 
 
@@ -65,7 +69,8 @@ def notes(cfg: Any, spec: BenchSpec) -> list[str]:
         f"old log-probs recomputed, {kl}",
         f"{spec.optimizer_steps_per_rollout} optimizer step(s) per rollout, "
         f"micro-batch {a.ppo_micro_batch_size_per_device} rows per worker, loss_agg_mode={a.loss_agg_mode}",
-        "MoE experts implementation: eager (grpo_trainer's choice on CPU)",
+        "MoE experts implementation: eager (grpo_trainer's choice on CPU); gradient checkpointing "
+        + ("on" if a.gradient_checkpointing else "off"),
     ]
 
 
@@ -89,13 +94,15 @@ def run_ours(spec: BenchSpec, *, preset_dir: Path, workdir: Path, process_start:
             f"saw step events {sorted(clock.ends)} and {len(metrics)} metric rows, expected {spec.total_steps}"
         )
     w = spec.warmup_steps
+    steps = range(1, spec.total_steps + 1)
     first_begin = clock.ends[1] - metrics[1]["time/step_s"]
-    boundaries = [first_begin] + [clock.ends[s] for s in range(1, spec.total_steps + 1)]
     measured = range(w + 1, spec.total_steps + 1)
     return SideResult(
         name="ours",
         setup_s=first_begin - process_start,
-        step_s=[boundaries[s] - boundaries[s - 1] for s in measured],
+        step_s=per_step([first_begin] + [clock.ends[s] for s in steps], first_measured=w),
+        # Step 1's CPU start is unknown; it is never measured when warmup_steps >= 1.
+        cpu_s=per_step([float("nan")] + [clock.cpu[s] for s in steps], first_measured=w),
         generated_tokens=round(
             sum(metrics[s]["response_length/mean"] * spec.completions_per_step for s in measured)
         ),

@@ -8,12 +8,13 @@ generation batch (`prompts_per_step` x `n` completions) and the optimizer steps 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from _trl_spec import BenchSpec, SideResult
+from _trl_spec import BenchSpec, SideResult, per_step, tree_cpu_seconds
 
 # Our loss_agg_mode -> TRL's loss_type with the same normalisation (see GRPOConfig.loss_type).
 LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
@@ -79,17 +80,20 @@ def make_reward_func(ledger: RolloutLedger):
     return grpo_registered_reward
 
 
-def trl_batch_rows(spec: BenchSpec, requested: int | None) -> int:
-    """Rows per TRL forward/backward (per_device_train_batch_size). Default: what our workers run
-    per forward in total (micro batch x workers), capped at one mini-batch."""
+def trl_batch_rows(spec: BenchSpec, *, procs: int, requested: int | None) -> int:
+    """Rows per TRL forward/backward in each process (per_device_train_batch_size). Default: what
+    our workers run per forward in total (micro batch x workers) spread over the TRL processes,
+    capped at one mini-batch."""
     mini_rows = spec.mini_batch_prompts * spec.n
-    rows = requested or min(spec.micro_batch_rows * spec.world_size, mini_rows)
-    if mini_rows % rows:
-        raise ValueError(f"--trl-batch-rows {rows} must divide the mini-batch of {mini_rows} completions")
+    rows = requested or min(spec.micro_batch_rows * spec.world_size, mini_rows) // procs
+    if rows < 1 or mini_rows % (rows * procs):
+        raise ValueError(
+            f"--trl-batch-rows {rows} x {procs} process(es) must divide the mini-batch of {mini_rows} completions"
+        )
     return rows
 
 
-def grpo_config(spec: BenchSpec, *, output_dir: Path, batch_rows: int, experts: str):
+def grpo_config(spec: BenchSpec, *, output_dir: Path, batch_rows: int, procs: int, experts: str):
     import torch
     from trl import GRPOConfig
 
@@ -113,8 +117,8 @@ def grpo_config(spec: BenchSpec, *, output_dir: Path, batch_rows: int, experts: 
         max_steps=spec.total_steps * spec.optimizer_steps_per_rollout,
         # Batch geometry: one generation batch per GRPO step, one optimizer step per mini-batch.
         per_device_train_batch_size=batch_rows,
-        gradient_accumulation_steps=mini_rows // batch_rows,
-        steps_per_generation=rollout_rows // batch_rows,
+        gradient_accumulation_steps=mini_rows // (batch_rows * procs),
+        steps_per_generation=rollout_rows // (batch_rows * procs),
         num_iterations=spec.ppo_epochs,
         num_generations=spec.n,
         max_completion_length=spec.max_response_length,
@@ -135,6 +139,7 @@ def grpo_config(spec: BenchSpec, *, output_dir: Path, batch_rows: int, experts: 
         warmup_steps=spec.lr_warmup_steps,
         weight_decay=spec.weight_decay,
         max_grad_norm=spec.grad_clip,
+        gradient_checkpointing=spec.gradient_checkpointing,  # TRL's default is on: follow ours
         # Nothing else in the timed loop: no eval, saves, hub, trackers or completion tables.
         logging_steps=1,
         report_to="none",
@@ -146,53 +151,70 @@ def grpo_config(spec: BenchSpec, *, output_dir: Path, batch_rows: int, experts: 
     )
 
 
-def notes(spec: BenchSpec, *, batch_rows: int, experts: str, threads: int) -> list[str]:
+def notes(
+    spec: BenchSpec, *, batch_rows: int, experts: str, procs: int, threads: int, dist_type: str
+) -> list[str]:
     kl = (
         f"k3 KL to a frozen reference, beta={spec.kl_loss_coef}"
         if spec.use_kl_loss
         else "no KL, no reference model"
     )
     return [
-        f"trl.GRPOTrainer, 1 process x {threads} torch threads (accelerate, CPU)",
-        f"rollout: transformers generate on the policy, all {spec.completions_per_step} sequences in one call",
+        f"trl.GRPOTrainer, {procs} process(es) (accelerate {dist_type}) x {threads} torch thread(s)",
+        f"rollout: transformers generate on the policy, {spec.completions_per_step // procs} sequences per process",
         f"old log-probs recomputed, {kl}, router aux loss off",
-        f"{spec.optimizer_steps_per_rollout} optimizer step(s) per rollout, {batch_rows} rows per forward/backward, "
+        f"{spec.optimizer_steps_per_rollout} optimizer step(s) per rollout, {batch_rows} rows per forward/backward "
+        "per process, "
         f"loss_type={LOSS_TYPES.get(spec.loss_agg_mode)}",
-        f"MoE experts implementation: {experts}",
+        f"MoE experts implementation: {experts}; gradient checkpointing {'on' if spec.gradient_checkpointing else 'off'}",
     ]
 
 
 def run_trl(
     spec: BenchSpec, *, workdir: Path, process_start: float, batch_rows: int | None, experts: str
-) -> SideResult:
+) -> SideResult | None:
+    """Train with TRL and time it. Started by torchrun when `WORLD_SIZE` > 1 (accelerate then runs
+    DDP over gloo); every process returns, rank 0 with the result, the others with None."""
     import torch
+    import torch.distributed as dist
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
-    torch.set_num_threads(spec.threads)
-    rows_per_forward = trl_batch_rows(spec, batch_rows)
+    procs = int(os.environ.get("WORLD_SIZE", "1"))
+    threads = max(1, spec.threads // procs)
+    torch.set_num_threads(threads)
+    rows_per_forward = trl_batch_rows(spec, procs=procs, requested=batch_rows)
     ledger = RolloutLedger()
     per_rollout = spec.optimizer_steps_per_rollout
+    # The process tree whose CPU time is counted: torchrun and its ranks, or this process alone.
+    tree_root = os.getppid() if procs > 1 else os.getpid()
     step_ends: list[float] = []
-    tokens_seen: list[int] = []
+    step_cpu: list[float] = []
+    tokens_seen: list[int] = []  # gathered over processes by TRL
     first_begin: list[float] = []
+    first_cpu: list[float] = []
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             if not first_begin:
                 first_begin.append(time.perf_counter())
+                first_cpu.append(tree_cpu_seconds(tree_root))
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step % per_rollout == 0:  # the last optimizer step of a rollout
                 step_ends.append(time.perf_counter())
+                step_cpu.append(tree_cpu_seconds(tree_root))
                 tokens_seen.append(int(state.num_input_tokens_seen))
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+    args = grpo_config(
+        spec, output_dir=workdir / "trl_out", batch_rows=rows_per_forward, procs=procs, experts=experts
+    )
     trainer = GRPOTrainer(
         model=spec.model_dir,
         reward_funcs=make_reward_func(ledger),
-        args=grpo_config(spec, output_dir=workdir / "trl_out", batch_rows=rows_per_forward, experts=experts),
+        args=args,
         train_dataset=Dataset.from_list(read_rows(spec.train_files)),
         processing_class=tokenizer,
         callbacks=[StepClock()],
@@ -202,16 +224,32 @@ def run_trl(
         raise RuntimeError(
             f"TRL ran {len(step_ends)} steps and {len(ledger.generated_tokens)} rollouts, expected {spec.total_steps}"
         )
+    # Each process saw its own share of the completions: add the ledgers up.
+    generated = torch.tensor(ledger.generated_tokens, dtype=torch.float64)
+    rewards = torch.tensor(ledger.mean_rewards, dtype=torch.float64)
+    if procs > 1:
+        dist.all_reduce(generated)
+        dist.all_reduce(rewards)
+        rewards /= procs
+    if trainer.accelerator.process_index != 0:
+        return None
     w = spec.warmup_steps
-    boundaries = [first_begin[0], *step_ends]
     return SideResult(
         name="TRL",
         setup_s=first_begin[0] - process_start,
-        step_s=[boundaries[i + 1] - boundaries[i] for i in range(w, spec.total_steps)],
-        generated_tokens=sum(ledger.generated_tokens[w:]),
+        step_s=per_step([first_begin[0], *step_ends], first_measured=w),
+        cpu_s=per_step([first_cpu[0], *step_cpu], first_measured=w),
+        generated_tokens=int(generated[w:].sum()),
         trained_tokens=tokens_seen[-1] - (tokens_seen[w - 1] if w else 0),
-        rewards=ledger.mean_rewards,
-        notes=notes(spec, batch_rows=rows_per_forward, experts=experts, threads=spec.threads),
+        rewards=rewards.tolist(),
+        notes=notes(
+            spec,
+            batch_rows=rows_per_forward,
+            experts=experts,
+            procs=procs,
+            threads=threads,
+            dist_type=str(trainer.accelerator.distributed_type.value),
+        ),
     )
 
 

@@ -4,6 +4,7 @@ TrainerConfig so there is a single source of truth) and what each side reports (
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ class BenchSpec:
     weight_decay: float
     grad_clip: float
     dtype: str
+    gradient_checkpointing: bool
     use_kl_loss: bool
     kl_loss_coef: float
     kl_loss_type: str
@@ -93,6 +95,7 @@ def spec_from_config(
         weight_decay=cfg.actor.weight_decay,
         grad_clip=cfg.actor.grad_clip,
         dtype=cfg.actor.dtype,
+        gradient_checkpointing=cfg.actor.gradient_checkpointing,
         use_kl_loss=cfg.actor.use_kl_loss,
         kl_loss_coef=cfg.actor.kl_loss_coef,
         kl_loss_type=cfg.actor.kl_loss_type,
@@ -117,6 +120,7 @@ class SideResult:
     name: str
     setup_s: float  # process start -> first step begins (imports, model load, workers)
     step_s: list[float]  # wall time of each measured step (warm-up excluded)
+    cpu_s: list[float]  # CPU time (user + system) of the side's whole process tree, each measured step
     generated_tokens: int  # response tokens sampled in the measured steps (EOS included)
     trained_tokens: int  # non-padding prompt+response tokens of the measured steps' batches
     rewards: list[float]  # mean reward of every step, warm-up included
@@ -131,6 +135,14 @@ class SideResult:
         return len(self.step_s) / self.wall_s
 
     @property
+    def median_step_s(self) -> float:
+        return statistics.median(self.step_s)
+
+    @property
+    def cpu_s_per_step(self) -> float:
+        return sum(self.cpu_s) / len(self.cpu_s)
+
+    @property
     def generated_tokens_per_s(self) -> float:
         return self.generated_tokens / self.wall_s
 
@@ -138,9 +150,45 @@ class SideResult:
     def trained_tokens_per_s(self) -> float:
         return self.trained_tokens / self.wall_s
 
+    @classmethod
+    def merge(cls, rounds: list[SideResult]) -> SideResult:
+        """Several rounds of one side as one measurement (their measured steps pooled)."""
+        first = rounds[0]
+        return cls(
+            name=first.name,
+            setup_s=sum(r.setup_s for r in rounds) / len(rounds),
+            step_s=[t for r in rounds for t in r.step_s],
+            cpu_s=[t for r in rounds for t in r.cpu_s],
+            generated_tokens=sum(r.generated_tokens for r in rounds),
+            trained_tokens=sum(r.trained_tokens for r in rounds),
+            rewards=[x for r in rounds for x in r.rewards],
+            notes=first.notes,
+        )
+
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
 
     @classmethod
     def load(cls, path: Path) -> SideResult:
         return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+
+def tree_cpu_seconds(root_pid: int) -> float:
+    """User + system CPU seconds of a process and all its descendants (reaped children included):
+    what a side costs in CPU, whatever else the shared machine runs meanwhile."""
+    import psutil
+
+    root = psutil.Process(root_pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # ended meanwhile
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def per_step(boundaries: list[float], *, first_measured: int) -> list[float]:
+    """Differences of consecutive boundaries (boundary 0: the first step begins), measured steps only."""
+    return [boundaries[i + 1] - boundaries[i] for i in range(first_measured, len(boundaries) - 1)]

@@ -1,17 +1,22 @@
 """GRPO steps/s and tokens/s: our trainer vs Hugging Face TRL's GRPOTrainer, side by side, on CPU.
 
-    hatch run bench:grpo-vs-trl                       # 1 warm-up + 5 measured steps each
+    hatch run bench:grpo-vs-trl                  # 2 rounds x (1 warm-up + 5 measured steps) per side
     hatch run bench:grpo-vs-trl --steps 3 actor.ppo_epochs=2    # dotted overrides go to both sides
 
 Both sides get the tiny preset's model directory (random-weight Qwen3.5-MoE), its train parquet, the
 group size (rollout.n == num_generations), max response length, sampling settings, optimizer steps
-per rollout (train_batch_size / ppo_mini_batch_size x ppo_epochs), AdamW settings, KL on/off and the
-reward registered for the rows' data_source ("grpo/tiny"), and the same number of CPU cores. Each
-side runs in its own process, one after the other. A step is one GRPO step: a rollout of
-train_batch_size x n sequences and every optimizer step made on it. Timed: the wall time between the
-end of the warm-up and the end of the last step (setup, i.e. imports, model load and Ray workers, is
-reported apart). tokens/s: sampled response tokens (EOS included) per second, and non-padding
-prompt+response tokens of the trained batches per second. Ratios are ours / TRL (goal: >= 1.5).
+per rollout (train_batch_size / ppo_mini_batch_size x ppo_epochs), AdamW settings, KL on/off, the
+reward registered for the rows' data_source ("grpo/tiny"), and the same parallel layout: as many
+processes as our Ray workers (TRL through torchrun + accelerate, DDP over gloo), one torch thread
+each on 2 cores. Each side runs in its own process tree, one after the other; rounds alternate
+which side goes first and their measured steps are pooled.
+
+A step is one GRPO step: a rollout of train_batch_size x n sequences and every optimizer step made
+on it. Timed: wall time from the end of the warm-up to the end of the last step (setup, i.e.
+imports, model load, Ray and its workers, is reported apart), and the CPU time of the side's whole
+process tree over the same steps (robust to other jobs on a shared machine, which the wall time is
+not). tokens/s: sampled response tokens (EOS included), and non-padding prompt+response tokens of
+the trained batches, per second of wall time. Speed-ups are ours over TRL (goal: >= 1.5x steps/s).
 """
 
 from __future__ import annotations
@@ -36,14 +41,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="dotted config overrides for the tiny preset (both sides)")
     p.add_argument("--steps", type=int, default=5, help="measured GRPO steps per side")
     p.add_argument("--warmup", type=int, default=1, help="untimed GRPO steps first")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="run both sides this many times, alternating which goes first; measured steps are pooled",
+    )
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads in total for TRL")
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
     p.add_argument("--only", choices=("both", "grpo", "trl"), default="both")
     p.add_argument(
+        "--trl-procs",
+        type=int,
+        default=None,
+        help="TRL processes (torchrun; accelerate runs DDP over gloo); default: as many as our workers",
+    )
+    p.add_argument(
         "--trl-batch-rows",
         type=int,
         default=None,
-        help="TRL per_device_train_batch_size (default: our micro-batch x workers, capped at a mini-batch)",
+        help="TRL per_device_train_batch_size (default: our micro-batch x workers / TRL processes)",
     )
     p.add_argument(
         "--trl-experts",
@@ -57,8 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        p.error("--steps and --rounds must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -81,27 +98,35 @@ def run_side(args: argparse.Namespace) -> None:
             batch_rows=args.trl_batch_rows,
             experts=args.trl_experts,
         )
-    result.save(args.result)
+    if result is not None:  # None: a TRL process other than rank 0
+        result.save(args.result)
 
 
-def spawn(side: str, spec_path: Path, args: argparse.Namespace) -> SideResult:
-    result_path = spec_path.parent / f"result_{side}.json"
-    cmd = [
-        sys.executable,
+def spawn(side: str, spec_path: Path, args: argparse.Namespace, *, round_index: int) -> SideResult:
+    result_path = spec_path.parent / f"result_{side}_{round_index}.json"
+    script = [
         str(Path(__file__).resolve()),
-        "--side",
-        side,
-        "--spec",
-        str(spec_path),
-        "--result",
-        str(result_path),
-        "--trl-experts",
-        args.trl_experts,
+        *("--side", side, "--spec", str(spec_path), "--result", str(result_path)),
+        *("--trl-experts", args.trl_experts),
     ]
+    procs = args.trl_procs or BenchSpec.load(spec_path).world_size
+    if side == "trl" and procs > 1:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={procs}",
+            *script,
+        ]
+    else:
+        cmd = [sys.executable, *script]
     if args.trl_batch_rows:
         cmd += ["--trl-batch-rows", str(args.trl_batch_rows)]
-    print(f"== {side}: running {args.warmup} warm-up + {args.steps} measured steps ...", flush=True)
-    log_path = spec_path.parent / f"{side}.log"
+    print(
+        f"== round {round_index}, {side}: {args.warmup} warm-up + {args.steps} measured steps ...", flush=True
+    )
+    log_path = spec_path.parent / f"{side}_{round_index}.log"
     with log_path.open("w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s, check=False)
     if proc.returncode != 0:
@@ -132,36 +157,43 @@ def describe(spec: BenchSpec) -> str:
         f"step = {spec.prompts_per_step} prompts x n={spec.n} = {spec.completions_per_step} sequences, "
         f"max response {spec.max_response_length} tokens (prompts <= {spec.max_prompt_length}), "
         f"T={spec.temperature} top_p={spec.top_p}; {spec.optimizer_steps_per_rollout} optimizer step(s) per rollout; "
-        f"dtype {spec.dtype}; {spec.warmup_steps} warm-up + {spec.measure_steps} measured steps; "
+        f"dtype {spec.dtype}; {spec.warmup_steps} warm-up + {spec.measure_steps} measured steps per round; "
         f"{os.cpu_count()} CPU cores"
     )
 
 
+# (label, value of a side, format, speed-up of ours: "rate" = ours / TRL, "time" = TRL / ours, None)
+ROWS = [
+    ("GRPO steps/s", lambda r: r.steps_per_s, "{:.3f}", "rate"),
+    ("s/step, mean", lambda r: r.wall_s / len(r.step_s), "{:.2f}", "time"),
+    ("s/step, median", lambda r: r.median_step_s, "{:.2f}", "time"),
+    ("s/step, fastest", lambda r: min(r.step_s), "{:.2f}", "time"),
+    ("CPU s/step, all procs", lambda r: r.cpu_s_per_step, "{:.2f}", "time"),
+    ("generated tokens/s", lambda r: r.generated_tokens_per_s, "{:.1f}", "rate"),
+    ("trained tokens/s", lambda r: r.trained_tokens_per_s, "{:.1f}", "rate"),
+    ("generated tokens/step", lambda r: r.generated_tokens / len(r.step_s), "{:.0f}", None),
+    ("setup s (untimed)", lambda r: r.setup_s, "{:.1f}", None),
+    ("mean reward, all steps", lambda r: sum(r.rewards) / len(r.rewards), "{:.3f}", None),
+]
+
+
 def report(spec: BenchSpec, results: dict[str, SideResult]) -> str:
-    rows = [
-        ("GRPO steps/s", lambda r: r.steps_per_s, "{:.3f}"),
-        ("s/step", lambda r: r.wall_s / len(r.step_s), "{:.2f}"),
-        ("generated tokens/s", lambda r: r.generated_tokens_per_s, "{:.1f}"),
-        ("trained tokens/s", lambda r: r.trained_tokens_per_s, "{:.1f}"),
-        ("generated tokens/step", lambda r: r.generated_tokens / len(r.step_s), "{:.0f}"),
-        ("setup s (untimed)", lambda r: r.setup_s, "{:.1f}"),
-        ("mean reward, all steps", lambda r: sum(r.rewards) / len(r.rewards), "{:.3f}"),
-    ]
     names = list(results)
+    both = len(names) == 2
     lines = [describe(spec), ""]
-    header = f"{'':24}" + "".join(f"{n:>12}" for n in names) + ("   ours/TRL" if len(names) == 2 else "")
-    lines.append(header)
-    for label, get, fmt in rows:
+    lines.append(f"{'':24}" + "".join(f"{n:>12}" for n in names) + ("   ours speed-up" if both else ""))
+    for label, get, fmt, kind in ROWS:
         values = [get(results[n]) for n in names]
         line = f"{label:24}" + "".join(f"{fmt.format(v):>12}" for v in values)
-        if len(names) == 2 and label in ("GRPO steps/s", "generated tokens/s", "trained tokens/s"):
-            line += f"   {values[0] / values[1]:9.2f}x"
+        if both and kind is not None:
+            speedup = values[0] / values[1] if kind == "rate" else values[1] / values[0]
+            line += f"   {speedup:14.2f}x"
         lines.append(line)
     for name in names:
         lines.append(f"\n{name} does:")
         lines += [f"  - {note}" for note in results[name].notes]
         lines.append("  step times s: " + ", ".join(f"{t:.2f}" for t in results[name].step_s))
-    if len(names) == 2:
+    if both:
         ratio = results["ours"].steps_per_s / results["TRL"].steps_per_s
         verdict = "met" if ratio >= GOAL else "NOT met"
         lines.append(f"\nsteps/s ours/TRL = {ratio:.2f}x (goal >= {GOAL}x: {verdict})")
@@ -178,11 +210,13 @@ def main(argv: list[str] | None = None) -> None:
     spec = make_spec(args, workdir)
     spec_path = workdir / "spec.json"
     spec.save(spec_path)
-    results: dict[str, SideResult] = {}
-    if args.only in ("both", "grpo"):
-        results["ours"] = spawn("grpo", spec_path, args)
-    if args.only in ("both", "trl"):
-        results["TRL"] = spawn("trl", spec_path, args)
+    sides = [s for s in ("grpo", "trl") if args.only in ("both", s)]
+    rounds: dict[str, list[SideResult]] = {s: [] for s in sides}
+    for index in range(args.rounds):
+        for side in sides if index % 2 == 0 else sides[::-1]:
+            rounds[side].append(spawn(side, spec_path, args, round_index=index))
+    names = {"grpo": "ours", "trl": "TRL"}
+    results = {names[s]: SideResult.merge(rounds[s]) for s in sides}
     print(report(spec, results))
     print(f"\nlogs and results: {workdir}")
     if args.json:
