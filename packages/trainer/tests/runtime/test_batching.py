@@ -23,7 +23,7 @@ def test_pad_rows_puts_prompt_then_response_then_padding() -> None:
 def test_dp_row_split_gives_every_rank_its_slice_of_every_mini_batch() -> None:
     shards = dp_row_split(16, num_mini_batches=2, dp_size=2)
     assert shards == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
-    assert sorted(sum(dp_row_split(24, num_mini_batches=3, dp_size=4), [])) == list(range(24))
+    assert sorted(i for s in dp_row_split(24, num_mini_batches=3, dp_size=4) for i in s) == list(range(24))
     with pytest.raises(ValueError, match="do not split into 3 mini-batches x 2 ranks"):
         dp_row_split(16, num_mini_batches=3, dp_size=2)
 
@@ -42,7 +42,7 @@ def test_take_rows_selects_and_trims_every_per_token_tensor() -> None:
 def test_split_by_tokens_respects_the_padded_budget() -> None:
     lengths = [3, 9, 4, 4, 2, 12, 5]
     groups = split_by_tokens(lengths, max_tokens=12)
-    assert sorted(sum(groups, [])) == list(range(len(lengths)))
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     for group in groups:
         cost = len(group) * max(lengths[i] for i in group)
         assert cost <= 12 or len(group) == 1
