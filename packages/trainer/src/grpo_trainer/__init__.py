@@ -1,5 +1,64 @@
-"""grpo_trainer."""
+"""grpo_trainer: GRPO on Hugging Face / Megatron policies with HF or vLLM rollout, on Ray.
+
+`train(cfg)` runs a whole job (`cfg` from `grpo_config.load`); `presets.tiny_preset(workdir)` gives
+a config that learns on a laptop CPU in minutes. Names load on first use, so importing the package
+(as reward worker processes do) does not pull in Ray, transformers or torch.distributed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from grpo_trainer.version import __version__
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from grpo_trainer.backends import make_backend
+    from grpo_trainer.backends.torch_backend import TorchBackend
+    from grpo_trainer.metrics import MetricsLogger, plot_metrics, read_metrics
+    from grpo_trainer.presets import tiny_preset
+    from grpo_trainer.protocols import (
+        Generation,
+        PolicyBackend,
+        PolicyBatch,
+        RolloutEngine,
+        SamplingParams,
+    )
+    from grpo_trainer.rollout import HFRolloutEngine, make_rollout_engine
+    from grpo_trainer.trainer import TrainResult, train
+    from grpo_trainer.worker_group import WorkerError, WorkerGroup
+
+_EXPORTS = {
+    "Generation": "grpo_trainer.protocols",
+    "HFRolloutEngine": "grpo_trainer.rollout",
+    "MetricsLogger": "grpo_trainer.metrics",
+    "PolicyBackend": "grpo_trainer.protocols",
+    "PolicyBatch": "grpo_trainer.protocols",
+    "RolloutEngine": "grpo_trainer.protocols",
+    "SamplingParams": "grpo_trainer.protocols",
+    "TorchBackend": "grpo_trainer.backends.torch_backend",
+    "TrainResult": "grpo_trainer.trainer",
+    "WorkerError": "grpo_trainer.worker_group",
+    "WorkerGroup": "grpo_trainer.worker_group",
+    "make_backend": "grpo_trainer.backends",
+    "make_rollout_engine": "grpo_trainer.rollout",
+    "plot_metrics": "grpo_trainer.metrics",
+    "read_metrics": "grpo_trainer.metrics",
+    "tiny_preset": "grpo_trainer.presets",
+    "train": "grpo_trainer.trainer",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grpo_trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

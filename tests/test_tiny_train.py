@@ -1,0 +1,140 @@
+"""The tiny preset through `train()` end to end on CPU (2 Ray workers, data parallel over gloo),
+shortened to a few steps: artifacts, determinism, and resume after a SIGKILL.
+
+The full preset's learning curve (reward of the last 10 steps >= first 10 + 0.2) takes ~3 min on
+2 cores: run it with GRPO_FULL_TINY=1 (test_full_tiny_run_learns)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import grpo_config
+from grpo_trainer import TrainResult, read_metrics, tiny_preset, train
+from grpo_trainer.worker_group import ensure_ray
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+STEPS = 6
+# Smaller than the preset (8 prompts x 8 samples), still two mini-batches and two ranks.
+OVERRIDES = [
+    f"total_training_steps={STEPS}",
+    "data.train_batch_size=8",
+    "actor.ppo_mini_batch_size=4",
+    "actor.ppo_micro_batch_size_per_device=16",
+    "checkpoint.save_freq=2",
+    "test_freq=3",
+]
+CHILD = """
+import sys
+from pathlib import Path
+import grpo_config
+from grpo_trainer import tiny_preset, train
+train(grpo_config.load(tiny_preset(Path(sys.argv[1])), sys.argv[2:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    started = ensure_ray(num_cpus=2)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def _run(workdir: Path, overrides: list[str]) -> TrainResult:
+    return train(grpo_config.load(tiny_preset(workdir), overrides))
+
+
+@pytest.fixture(scope="module")
+def run_a(ray_cluster, tmp_path_factory) -> tuple[Path, TrainResult]:
+    workdir = tmp_path_factory.mktemp("run_a")
+    return workdir, _run(workdir, OVERRIDES)
+
+
+def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
+    workdir, result = run_a
+    assert result.final_step == STEPS and result.resumed_from is None
+    assert list(result.rewards) == list(range(1, STEPS + 1))
+    assert all(0.0 <= r <= 1.0 for r in result.rewards.values())
+    ckpts = sorted(p.name for p in result.checkpoint_dir.glob("global_step_*"))
+    assert ckpts == ["global_step_4", "global_step_6"]  # save_freq=2, max_to_keep=2
+    assert (result.checkpoint_dir / "latest").read_text().strip() == "global_step_6"
+    state = json.loads((result.checkpoint_dir / "global_step_6" / "trainer_state.json").read_text())
+    assert state["global_step"] == STEPS
+    records = read_metrics(result.metrics_path)
+    assert list(records) == list(range(1, STEPS + 1))
+    for key in (
+        "reward/mean",
+        "actor/kl",
+        "actor/pg_loss",
+        "actor/entropy",
+        "response_length/mean",
+        "time/step_s",
+    ):
+        assert key in records[1], key
+    assert records[1]["rollout/logprob_abs_diff"] < 1e-3  # engine and trainer agree on log-probs
+    assert {s for s, r in records.items() if "val/reward_mean" in r} == {3, 6}
+    assert result.plot_path is not None and result.plot_path.read_bytes()[:4] == b"\x89PNG"
+    assert list((workdir / "runs" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_same_seed_gives_identical_rewards(run_a, tmp_path) -> None:
+    _, first = run_a
+    again = _run(tmp_path, [*OVERRIDES[1:], "total_training_steps=5"])
+    assert list(again.rewards.values()) == list(first.rewards.values())[:5]
+
+
+def test_sigkill_mid_run_then_rerun_resumes_from_the_last_checkpoint(run_a, tmp_path) -> None:
+    """A child process is killed (with its Ray processes: its whole process group) once step 2's
+    checkpoint is complete; the rerun continues from it and retraces the uninterrupted run."""
+    _, uninterrupted = run_a
+    marker = tmp_path / "checkpoints" / "global_step_2" / "manifest.json"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path), *OVERRIDES],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists():
+            assert child.poll() is None, f"child exited with {child.returncode} before a checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 600 s"
+            time.sleep(0.2)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    steps_before = sorted(
+        int(p.name.rsplit("_", 1)[1]) for p in (tmp_path / "checkpoints").glob("global_step_*")
+    )
+    assert steps_before and max(steps_before) < STEPS, "the child finished before it was killed"
+
+    resumed = _run(tmp_path, OVERRIDES)
+    assert resumed.resumed_from is not None
+    assert resumed.resumed_from.name.startswith("global_step_")
+    assert resumed.final_step == STEPS
+    assert resumed.rewards == uninterrupted.rewards
+    assert list(read_metrics(resumed.metrics_path)) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.skipif(os.environ.get("GRPO_FULL_TINY") != "1", reason="~3 min: set GRPO_FULL_TINY=1")
+@pytest.mark.timeout(1200)
+def test_full_tiny_run_learns(ray_cluster, tmp_path) -> None:
+    result = _run(tmp_path, [])
+    rewards = list(result.rewards.values())
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    print(
+        f"tiny preset: {result.final_step} steps in {result.wall_time_s:.0f} s, reward {first:.3f} -> {last:.3f}"
+    )
+    assert result.wall_time_s < 600
+    assert last - first >= 0.2
