@@ -48,7 +48,26 @@ _EXPORTS = {
     "train": "grpo_trainer.trainer",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [
+    "Generation",
+    "HFRolloutEngine",
+    "MetricsLogger",
+    "PolicyBackend",
+    "PolicyBatch",
+    "RolloutEngine",
+    "SamplingParams",
+    "TorchBackend",
+    "TrainResult",
+    "WorkerError",
+    "WorkerGroup",
+    "__version__",
+    "make_backend",
+    "make_rollout_engine",
+    "plot_metrics",
+    "read_metrics",
+    "tiny_preset",
+    "train",
+]
 
 
 def __getattr__(name: str) -> Any:
