@@ -3,13 +3,12 @@
 A bucket is a list of `(name, tensor)` whose bytes add up to at most the bucket size (a single
 tensor larger than that travels alone). It is laid out as one flat byte buffer plus a metadata
 list of plain values. The buffer crosses to the engine's workers either as a file in shared
-memory (`write_bucket_file` / `read_bucket_file`: one copy in, the worker maps it) or, where no
+memory (`write_bucket_file` / `read_bucket_file`: written once, the worker maps it) or, where no
 shared memory is available, as `bytes` inside vLLM's RPC message (`pack_bucket` / `unpack_bucket`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -68,15 +67,16 @@ def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta
 
 
 def write_bucket_file(bucket: list[tuple[str, torch.Tensor]], path: Path) -> list[TensorMeta]:
-    """Copy a bucket into a new file at `path` (meant for a shared-memory filesystem such as
-    /dev/shm). The space is reserved first, so a full filesystem raises OSError here instead of
-    killing the process on a write to the mapping."""
+    """Write a bucket into a new file at `path` (meant for a shared-memory filesystem such as
+    /dev/shm). Plain `write` calls, not a writable mapping: faster on tmpfs, and a full
+    filesystem raises OSError instead of killing the process."""
     meta, total = bucket_layout(bucket)
-    size = max(total, ALIGN_BYTES)
     with open(path, "xb") as handle:
-        os.posix_fallocate(handle.fileno(), 0, size)
-    flat = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
-    _fill(flat, bucket, meta)
+        for (_, tensor), (_, _, _, start, nbytes) in zip(bucket, meta, strict=True):
+            if nbytes:
+                handle.seek(start)
+                handle.write(tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().data)
+        handle.truncate(max(total, ALIGN_BYTES))
     return meta
 
 
