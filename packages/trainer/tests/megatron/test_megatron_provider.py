@@ -158,6 +158,7 @@ def test_local_qwen35_moe_spec_round_trips_hf_weights_exactly(
         provider = bridge.to_megatron_provider(load_weights=True)
         configure_provider(provider, _cfg(megatron), megatron=megatron, seq_length=64)
         provider.finalize()
+        parallel_state.destroy_model_parallel()  # another module's fixture may still hold the groups
         parallel_state.initialize_model_parallel()
         model = provider.provide_distributed_model(
             wrap_with_ddp=False, use_cpu_initialization=True, bf16=True
