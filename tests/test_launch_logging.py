@@ -29,6 +29,8 @@ def restore_logging():
 
 
 def test_json_lines_when_not_a_terminal() -> None:
+    import ray  # noqa: F401  (importing Ray gives its logger its own handler; ours must still win)
+
     stream = io.StringIO()
     assert configure_logging(stream=stream) is True
     structlog.get_logger().info("rollout done", step=3, reward=0.5)

@@ -67,7 +67,20 @@ def configure_logging(*, level: str = "info", stream: TextIO | None = None, json
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric_level)
+    _route_through_root(_SELF_HANDLED_LOGGERS)
     return use_json
+
+
+# Libraries that attach their own stderr handler and stop propagation when imported (Ray does).
+_SELF_HANDLED_LOGGERS = ("ray",)
+
+
+def _route_through_root(names: tuple[str, ...]) -> None:
+    for name in names:
+        library_logger = logging.getLogger(name)
+        for own in list(library_logger.handlers):
+            library_logger.removeHandler(own)
+        library_logger.propagate = True
 
 
 def _is_tty(stream: TextIO) -> bool:
