@@ -3,6 +3,7 @@ batch metrics. Orchestration-free: `generate` is any callable running the ranks'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,9 @@ def run_rollout(
     rank_params = [
         SamplingParams(**{**vars(params), "seed": step_seed(seed, step, rank)}) for rank in range(world_size)
     ]
+    started = time.perf_counter()
     outputs = generate([[p.prompt_ids for p in chunk] for chunk in per_rank], rank_params)
+    generated = time.perf_counter()
     items: list[PromptItem] = []
     generations: list[Generation] = []
     group_ids: list[int] = []
@@ -87,6 +90,7 @@ def run_rollout(
         ]
     )
     rewards = torch.tensor(result.scores, dtype=torch.float32)
+    scored = time.perf_counter()
     advantages = grpo_math.group_advantages(rewards, group_ids, norm_by_std=norm_by_std, eps=eps)
     lengths = torch.tensor([len(g.token_ids) for g in generations], dtype=torch.float32)
     metrics = {
@@ -102,6 +106,8 @@ def run_rollout(
         "response_length/clip_ratio": sum(g.finish_reason == "length" for g in generations)
         / len(generations),
         "prompt_length/mean": sum(len(i.prompt_ids) for i in items) / len(items),
+        "time/generate_s": generated - started,
+        "time/reward_s": scored - generated,
     }
     return Rollout(
         items=items,

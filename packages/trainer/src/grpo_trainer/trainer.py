@@ -194,7 +194,7 @@ class _Run:
         )
         done = time.perf_counter()
         metrics = dict(rollout.metrics)
-        metrics.update({k: v for k, v in results[0].items() if k.startswith("actor/")})
+        metrics.update({k: v for k, v in results[0].items() if k.startswith(("actor/", "time/"))})
         diffs = [r["rollout/logprob_abs_diff"] for r in results if "rollout/logprob_abs_diff" in r]
         if diffs:
             metrics["rollout/logprob_abs_diff"] = sum(diffs) / len(diffs)

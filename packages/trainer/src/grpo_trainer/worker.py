@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -98,9 +99,20 @@ class PolicyWorker:
         rows = batch.input_ids.shape[0]
         if rows % num_mini_batches:
             raise ValueError(f"{rows} local rows do not split into {num_mini_batches} mini-batches")
+        clock = time.perf_counter()
+        timings: dict[str, float] = {}
+
+        def lap(name: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            timings[f"time/{name}_s"] = now - clock
+            clock = now
+
         batch.old_log_probs = self.backend.log_probs(batch)["log_probs"]
+        lap("old_log_prob")
         if self.cfg.actor.use_kl_loss:
             batch.ref_log_probs = self.backend.ref_log_probs(batch)
+            lap("ref_log_prob")
         sums: dict[str, float] = {}
         per = rows // num_mini_batches
         updates = 0
@@ -110,6 +122,7 @@ class PolicyWorker:
                 for name, value in metrics.items():
                     sums[name] = sums.get(name, 0.0) + value
                 updates += 1
+        lap("update")
         out = {f"actor/{name}": value / updates for name, value in sums.items()}
         rollout_lp = batch.extra.get("rollout_log_probs")
         if rollout_lp is not None:
@@ -117,7 +130,8 @@ class PolicyWorker:
             diff = ((batch.old_log_probs - rollout_lp).abs() * mask).sum() / mask.sum().clamp(min=1)
             out["rollout/logprob_abs_diff"] = float(diff)
         self.engine.update_weights(self.backend.named_weights())
-        return out
+        lap("weight_sync")
+        return {**out, **timings}
 
     def save_checkpoint(
         self, step: int, *, trainer_state: dict[str, Any], dataloader_state: dict[str, Any]

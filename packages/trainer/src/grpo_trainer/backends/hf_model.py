@@ -29,6 +29,20 @@ def load_causal_lm(path: str, *, device: torch.device) -> torch.nn.Module:
     return model.to(device)
 
 
+def linear_attention_kwargs(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
+    """Forward kwargs for models with Gated DeltaNet layers (Qwen3.5, Qwen3-Next): transformers'
+    torch fallback pads every sequence to its 64-token chunk; a chunk of the next power of two
+    >= `seq_len` gives the same result (up to float rounding) for short sequences at a fraction of
+    the cost (measured 2x on a whole fwd+bwd of the tiny model at 11 tokens). {} for other models."""
+    config = getattr(model, "config", None)
+    if "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+        return {}
+    chunk = 8
+    while chunk < min(seq_len, 64):
+        chunk *= 2
+    return {"chunk_size": chunk}
+
+
 def autocast_context(device: torch.device, dtype_name: str) -> contextlib.AbstractContextManager:
     dtype = DTYPES[dtype_name]
     if dtype == torch.float32:
@@ -45,7 +59,9 @@ def token_log_probs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(input_ids[:, t] | input_ids[:, :t]) at position t, shape [B, T], and the entropy of
     the distribution that predicted position t, same layout; 0 at position 0 and on padding."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    inner = getattr(model, "module", model)  # DDP wraps the HF model
+    extra = linear_attention_kwargs(inner, input_ids.shape[1])
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra).logits
     logits = logits[:, :-1].float()
     targets = input_ids[:, 1:]
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

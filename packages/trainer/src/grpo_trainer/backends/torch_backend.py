@@ -176,7 +176,8 @@ class TorchBackend:
             log.warning("torch_backend.skip_step", reason="non-finite grad norm", grad_norm=float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        if stepped:  # the schedule counts optimiser steps
+            self.scheduler.step()
         totals = _all_reduce_sum(torch.tensor(list(sums.values()), dtype=torch.float64))
         metrics = dict(zip(sums, totals.tolist(), strict=True))
         for name in _TOKEN_MEAN_METRICS:
