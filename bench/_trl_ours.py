@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from _trl_spec import BenchSpec, SideResult, per_step, tree_cpu_seconds
+from _trl_spec import RAY_NICENESS_ENV, BenchSpec, SideResult, per_step, tree_cpu_seconds
 
 
 def bench_overrides(workdir: Path, *, total_steps: int) -> list[str]:
@@ -63,7 +63,8 @@ def notes(cfg: Any, spec: BenchSpec) -> list[str]:
         else "no KL, no reference"
     )
     return [
-        f"grpo_trainer.train, {spec.world_size} Ray worker(s) (DDP over gloo) x {threads} torch thread(s)",
+        f"grpo_trainer.train, {spec.world_size} Ray worker(s) (DDP over gloo) x {threads} torch thread(s), "
+        f"workers at nice {os.environ.get(RAY_NICENESS_ENV, '15 (Ray default)')}",
         f"rollout: {cfg.rollout.engine} engine on the policy module, "
         f"{spec.completions_per_step // spec.world_size} sequences per worker",
         f"old log-probs recomputed, {kl}",

@@ -9,6 +9,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Ray's own (case-sensitive) setting for its workers' niceness; Ray's default is 15.
+RAY_NICENESS_ENV = "RAY_worker_niceness"
+
 
 @dataclass(frozen=True, kw_only=True)
 class BenchSpec:

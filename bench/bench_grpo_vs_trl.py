@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _trl_spec import BenchSpec, SideResult, spec_from_config
+from _trl_spec import RAY_NICENESS_ENV, BenchSpec, SideResult, spec_from_config
 
 PROCESS_START = time.perf_counter()
 GOAL = 1.5
@@ -102,6 +102,16 @@ def run_side(args: argparse.Namespace) -> None:
         result.save(args.result)
 
 
+def side_env(side: str) -> dict[str, str]:
+    """Ray starts its workers at nice 15 (RAY_worker_niceness); TRL's processes run at 0. On a
+    machine shared with other jobs that alone decides who gets the cores, so ours gets 0 too
+    unless the caller set it."""
+    env = dict(os.environ)
+    if side == "grpo":
+        env.setdefault(RAY_NICENESS_ENV, "0")
+    return env
+
+
 def spawn(side: str, spec_path: Path, args: argparse.Namespace, *, round_index: int) -> SideResult:
     result_path = spec_path.parent / f"result_{side}_{round_index}.json"
     script = [
@@ -128,7 +138,9 @@ def spawn(side: str, spec_path: Path, args: argparse.Namespace, *, round_index: 
     )
     log_path = spec_path.parent / f"{side}_{round_index}.log"
     with log_path.open("w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s, check=False)
+        proc = subprocess.run(
+            cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s, check=False, env=side_env(side)
+        )
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace").splitlines()[-40:]
         raise SystemExit(
