@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import grpo_config
-from grpo_trainer import TrainResult, read_metrics, tiny_preset, train
+from grpo_trainer import TrainResult, WorkerError, read_metrics, tiny_preset, train
 from grpo_trainer.worker_group import ensure_ray
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -125,6 +126,24 @@ def test_sigkill_mid_run_then_rerun_resumes_from_the_last_checkpoint(run_a, tmp_
     assert resumed.final_step == STEPS
     assert resumed.rewards == uninterrupted.rewards
     assert list(read_metrics(resumed.metrics_path)) == list(range(1, STEPS + 1))
+
+
+def test_a_worker_that_fails_stops_train_with_its_traceback(ray_cluster, tmp_path) -> None:
+    """The driver reads only the tokenizer; the workers' model load fails (weights removed), and
+    train() raises promptly with the worker's own error instead of hanging."""
+    raw = tiny_preset(tmp_path)
+    broken = tmp_path / "broken_model"
+    shutil.copytree(raw["actor"]["model_path"], broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.unlink()
+    raw["actor"]["model_path"] = str(broken)
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        train(grpo_config.load(raw, OVERRIDES))
+    assert time.monotonic() - started < 300
+    message = str(info.value)
+    assert "setup failed on rank" in message and "all workers were stopped" in message
+    assert "from_pretrained" in message  # the worker's traceback, not just "actor died"
 
 
 @pytest.mark.skipif(os.environ.get("GRPO_FULL_TINY") != "1", reason="~3 min: set GRPO_FULL_TINY=1")
