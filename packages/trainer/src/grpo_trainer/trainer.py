@@ -80,6 +80,8 @@ class _Run:
         )
         self.max_tokens = cfg.rollout.max_tokens or data.max_response_length
         self.group: WorkerGroup | None = None
+        self.dp_size = self.world_size
+        self.dp_rank_of = list(range(self.world_size))
         self.step = 0
         self.reward_history: dict[int, float] = {}
 
@@ -99,7 +101,9 @@ class _Run:
             num_threads=cpus,
         )
         addr, port = self.group.call_rank(0, "rendezvous_address", timeout_s=self.call_timeout_s)
-        self.group.call("setup", master_addr=addr, master_port=port, timeout_s=self.call_timeout_s)
+        ready = self.group.call("setup", master_addr=addr, master_port=port, timeout_s=self.call_timeout_s)
+        self.dp_size = ready[0]["dp_size"]
+        self.dp_rank_of = [info["dp_rank"] for info in ready]  # by worker rank
 
     def generate(
         self, prompts: list[list[list[int]]], params: list[SamplingParams]
@@ -184,10 +188,10 @@ class _Run:
         )
         batch.advantages = rollout.advantages
         num_mini = cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size
-        shards = dp_row_split(len(rollout.generations), num_mini_batches=num_mini, dp_size=self.world_size)
+        shards = dp_row_split(len(rollout.generations), num_mini_batches=num_mini, dp_size=self.dp_size)
         results = self.group.call(
             "train",
-            args_per_rank=[((take_rows(batch, rows),), {}) for rows in shards],
+            args_per_rank=[((take_rows(batch, shards[dp_rank]),), {}) for dp_rank in self.dp_rank_of],
             num_mini_batches=num_mini,
             ppo_epochs=cfg.actor.ppo_epochs,
             timeout_s=self.call_timeout_s,

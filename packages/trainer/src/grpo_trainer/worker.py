@@ -62,6 +62,15 @@ class PolicyWorker:
 
         torch.set_num_threads(self.num_threads)
         kind = resolve_device_kind(self.cfg)
+        # torchrun's variables, for libraries that read them (Megatron); Ray shows each worker
+        # exactly one device, hence LOCAL_RANK 0.
+        os.environ.update(
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+        )
         if self.world_size > 1:
             dist.init_process_group(
                 backend=comm_backend(kind),
@@ -84,7 +93,22 @@ class PolicyWorker:
             threads=self.num_threads,
             pid=os.getpid(),
         )
-        return {"rank": self.rank, "device": str(device), "pid": os.getpid()}
+        dp_rank, dp_size = self._data_parallel_position()
+        return {
+            "rank": self.rank,
+            "device": str(device),
+            "pid": os.getpid(),
+            "dp_rank": dp_rank,
+            "dp_size": dp_size,
+        }
+
+    def _data_parallel_position(self) -> tuple[int, int]:
+        """(data-parallel rank, size): ranks of one model-parallel group get the same rows."""
+        if self.cfg.actor.backend == "megatron":
+            from megatron.core import parallel_state
+
+            return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+        return self.rank, self.world_size
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         self.engine.wake_up()
