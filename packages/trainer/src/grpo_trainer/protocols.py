@@ -67,8 +67,14 @@ class PolicyBackend(Protocol):
         shape [B, T], position 0 zero) and optionally "entropy" of the same shape."""
         ...
 
+    def ref_log_probs(self, batch: PolicyBatch) -> torch.Tensor:
+        """`log_probs` under the frozen reference policy ([B, T]); needs actor.use_kl_loss."""
+        ...
+
     def update(self, batch: PolicyBatch) -> dict[str, float]:
-        """One optimiser step over the mini-batch (micro-batched inside). Returns metrics."""
+        """One optimiser step over this rank's share of a mini-batch (micro-batched inside; loss
+        denominators all-reduced over data-parallel ranks). Returns metrics of the whole
+        mini-batch, the same on every rank."""
         ...
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
