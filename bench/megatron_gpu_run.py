@@ -16,13 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import tempfile
 import time
 import traceback
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,26 +70,6 @@ def megatron_cfg(
     return TrainerConfig(
         actor=actor, data=DataConfig(max_prompt_length=seq // 2, max_response_length=seq // 2)
     )
-
-
-def hf_in_memory_names(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Checkpoint-format names (per-expert `experts.N.gate_proj.weight`) -> the fused in-memory
-    tensors of transformers' Qwen3.5-MoE (`experts.gate_up_proj` [E, 2F, H], `experts.down_proj`)."""
-    pattern = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
-    experts: dict[str, dict[tuple[int, str], torch.Tensor]] = defaultdict(dict)
-    for name, tensor in named:
-        match = pattern.match(name)
-        if match is None:
-            yield name, tensor
-            continue
-        experts[match.group(1)][(int(match.group(2)), match.group(3))] = tensor
-    for prefix, parts in experts.items():
-        count = 1 + max(index for index, _ in parts)
-        yield (
-            f"{prefix}.gate_up_proj",
-            torch.stack([torch.cat([parts[(i, "gate")], parts[(i, "up")]], dim=0) for i in range(count)]),
-        )
-        yield f"{prefix}.down_proj", torch.stack([parts[(i, "down")] for i in range(count)])
 
 
 def hf_log_probs(
@@ -157,11 +134,6 @@ def phase_grpo(out: Path, steps: int) -> None:
     )
 
     hf = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).cuda()
-    own = dict(hf.named_parameters())
-    synced = dict(hf_in_memory_names(backend.named_weights()))
-    RESULTS["named_weights_vs_hf_max_abs_diff"] = max(
-        (synced[k].float() - own[k].float()).abs().max().item() for k in own
-    )
     engine = HFRolloutEngine(model=hf, eos_token_id=2, pad_token_id=0)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 512, (16,), generator=gen).tolist() for _ in range(16)]
@@ -189,7 +161,7 @@ def phase_grpo(out: Path, steps: int) -> None:
         metrics = backend.update(batch)
         torch.cuda.synchronize()
         t_upd = time.perf_counter() - t_upd
-        engine.update_weights(hf_in_memory_names(backend.named_weights()))
+        engine.update_weights(backend.named_weights())
         row = {
             "step": step,
             "reward_mean": rewards.mean().item(),

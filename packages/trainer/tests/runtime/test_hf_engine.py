@@ -127,6 +127,41 @@ def test_update_weights_copies_new_values_and_rejects_unknown_names(model, token
         engine.update_weights([("nope", torch.zeros(1))])
 
 
+def test_update_weights_takes_checkpoint_names_into_fused_experts(
+    model, tokenizer, tiny_model_dir, tmp_path
+) -> None:
+    """transformers keeps Qwen3.5-MoE's experts fused in memory; its checkpoint (and
+    Megatron-Bridge's export) names each expert. A real saved checkpoint of other weights, fed by
+    name, must leave the engine's model equal to that model, fused tensors included."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    source = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for p in source.parameters():
+            p.normal_(0.0, 0.3)
+    source.save_pretrained(tmp_path / "other")
+    checkpoint = {}
+    for file in (tmp_path / "other").glob("*.safetensors"):
+        checkpoint.update(load_file(str(file)))
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in checkpoint  # per-expert on disk
+    assert "model.layers.0.mlp.experts.gate_up_proj" in dict(model.named_parameters())  # fused in memory
+
+    _engine(model, tokenizer).update_weights(checkpoint.items())
+    expected = dict(source.named_parameters())
+    for name, tensor in model.named_parameters():
+        assert torch.equal(tensor, expected[name]), name
+
+    with pytest.raises(KeyError, match=r"experts\.8\.gate_proj"):  # the model has experts 0..7
+        _engine(model, tokenizer).update_weights(
+            [("model.layers.0.mlp.experts.8.gate_proj.weight", torch.zeros(64, 128))]
+        )
+    with pytest.raises(ValueError, match=r"shape \(64, 64\), the rollout model's is \(64, 128\)"):
+        _engine(model, tokenizer).update_weights(
+            [("model.layers.0.mlp.experts.1.gate_proj.weight", torch.zeros(64, 64))]
+        )
+
+
 def test_rejects_bad_requests(model, tokenizer, prompts) -> None:
     engine = _engine(model, tokenizer)
     with pytest.raises(ValueError, match="n >= 1"):

@@ -17,6 +17,7 @@ import torch
 from transformers import GenerationConfig
 
 from grpo_trainer.protocols import Generation, SamplingParams
+from grpo_trainer.rollout.hf_weight_names import checkpoint_target
 
 log = structlog.get_logger()
 
@@ -143,17 +144,24 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into the model; tensors that already are the model's storage
-        (the colocated, shared-model case) are skipped. Unknown names raise KeyError."""
+        """Copy HF-named tensors into the model: the model's own names, or checkpoint names
+        (per-expert tensors, as Megatron-Bridge exports them) for models that fuse their experts
+        (`hf_weight_names`). Tensors that already are the model's storage (the colocated,
+        shared-model case) are skipped. An unknown name raises KeyError, a wrong shape ValueError."""
         own = dict(self.model.named_parameters())
         own.update(dict(self.model.named_buffers()))
         copied = 0
         for name, tensor in named_tensors:
-            if name not in own:
+            target = checkpoint_target(name, own)
+            if target is None:
                 raise KeyError(f"update_weights: the rollout model has no tensor named {name!r}")
-            target = own[name]
             if target.data_ptr() == tensor.data_ptr():
                 continue
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the rollout model's is {tuple(target.shape)}"
+                )
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
             copied += 1
         if copied:

@@ -1,0 +1,191 @@
+"""The Megatron backend on a real GPU (skipped without CUDA or megatron-bridge; CI has neither a GPU
+nor runs these): log-probs against the HF model on the same weights, weight sync into the `hf`
+rollout engine, strict HF export, and a checkpoint round trip through grpo_ckpt that restores
+weights and optimizer state. Random-weight Qwen3.5-MoE text model (tiny_hf), bf16, TP=PP=EP=1,
+transformer_impl=local (no transformer_engine on the GPU machine).
+
+Run there: `python -m pytest -m "megatron and gpu" -s packages/trainer/tests/megatron/test_megatron_gpu.py`
+(`-s` prints the measured differences recorded in docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_trainer.backends.megatron import megatron_available
+
+pytestmark = [
+    pytest.mark.megatron,
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+    pytest.mark.skipif(not megatron_available(), reason="megatron-bridge is not installed"),
+]
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tiny_hf  # noqa: E402
+
+SEQ = 96
+
+
+def _cfg(model_path: Path, *, grouped_experts: bool):
+    from grpo_config.schema import ActorConfig, DataConfig, MegatronConfig, TrainerConfig
+
+    megatron = MegatronConfig(
+        transformer_impl="local",
+        moe_grouped_gemm=grouped_experts,
+        moe_permute_fusion=False,
+        moe_router_load_balancing_type="none",
+        use_distributed_optimizer=True,
+        # FLA 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper; megatron-core's
+        # deterministic mode uses its pure-torch chunked delta rule instead.
+        override_transformer_config={"deterministic_mode": True},
+    )
+    actor = ActorConfig(
+        model_path=str(model_path),
+        backend="megatron",
+        dtype="bfloat16",
+        lr=1e-4,
+        ppo_micro_batch_size_per_device=4,
+        log_prob_micro_batch_size_per_device=8,
+        use_kl_loss=False,
+        megatron=megatron,
+    )
+    return TrainerConfig(
+        actor=actor, data=DataConfig(max_prompt_length=SEQ // 2, max_response_length=SEQ // 2)
+    )
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_hf.save_random_model(tiny_hf.qwen35_moe_config(), tmp_path_factory.mktemp("q35") / "hf")
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sequential-experts", "grouped-experts"])
+def backend(request: pytest.FixtureRequest, model_path: Path):
+    from grpo_trainer.backends.megatron import MegatronBackend
+
+    built = MegatronBackend.from_config(
+        _cfg(model_path, grouped_experts=request.param), model_path=str(model_path)
+    )
+    yield built
+    del built
+    torch.cuda.empty_cache()
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).cuda().eval()
+
+
+def _batch(rows: int = 8, *, seed: int = 0):
+    from grpo_trainer.protocols import PolicyBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 512, (rows, SEQ), generator=gen)
+    lengths = torch.randint(SEQ // 2, SEQ + 1, (rows,), generator=gen)
+    attention = (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
+    ids = ids * attention  # right padding with token 0
+    response = attention.float()
+    response[:, : SEQ // 2] = 0
+    return PolicyBatch(
+        input_ids=ids,
+        attention_mask=attention,
+        response_mask=response,
+        advantages=torch.randn(rows, generator=gen),
+    )
+
+
+def _hf_log_probs(model: torch.nn.Module, batch) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.input_ids.cuda(), attention_mask=batch.attention_mask.cuda(), use_cache=False
+        ).logits.float()
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch.input_ids[:, 1:, None].cuda()).squeeze(-1)
+    return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1).cpu()
+
+
+def test_log_probs_match_the_hf_model_on_the_same_weights(backend, hf_model) -> None:
+    batch = _batch()
+    ours = backend.log_probs(batch, with_entropy=True)
+    theirs = _hf_log_probs(hf_model, batch)
+    mask = batch.attention_mask[:, 1:].bool()
+    diff = (ours["log_probs"][:, 1:] - theirs[:, 1:]).abs()[mask]
+    print(f"\nlog-probs megatron vs HF (bf16): mean abs {diff.mean():.4f}, max abs {diff.max():.4f}")
+    # bf16 on both sides, two implementations (MoE top-k may flip on near-ties): small on average.
+    assert diff.mean() < 0.02 and torch.quantile(diff.float(), 0.99) < 0.15
+    assert ours["log_probs"][:, 0].abs().max() == 0  # position 0 has no prediction
+    entropy = ours["entropy"][:, 1:][mask]
+    assert torch.all(entropy > 0) and torch.all(entropy <= torch.log(torch.tensor(512.0)) + 1e-3)
+
+
+def test_named_weights_sync_the_hf_rollout_engine_exactly(backend, model_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from grpo_trainer.rollout import HFRolloutEngine
+
+    rollout = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).cuda()
+    with torch.no_grad():
+        for p in rollout.parameters():
+            p.zero_()
+    HFRolloutEngine(model=rollout, eos_token_id=2, pad_token_id=0).update_weights(backend.named_weights())
+    reference = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16)
+    expected = dict(reference.named_parameters())
+    worst = max((p.cpu() - expected[n]).abs().max().item() for n, p in rollout.named_parameters())
+    assert worst == 0.0
+    assert len(load_file(str(model_path / "model.safetensors"))) > len(expected)  # experts were fused
+
+
+def test_strict_hf_export_equals_the_input_checkpoint(backend, model_path: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    backend.export_hf(str(tmp_path / "export"), strict=True)
+    source = load_file(str(model_path / "model.safetensors"))
+    exported: dict[str, torch.Tensor] = {}
+    for file in (tmp_path / "export").glob("*.safetensors"):
+        exported.update(load_file(str(file)))
+    assert sorted(exported) == sorted(source)
+    for name, tensor in source.items():
+        assert torch.equal(exported[name], tensor), name
+
+
+def test_checkpoint_round_trip_restores_weights_and_optimizer(backend, tmp_path: Path) -> None:
+    """Save, update, load: log-probs return to the saved ones; an update from the loaded state
+    lands where the first update from the saved state landed (so Adam's moments came back)."""
+    from grpo_ckpt import CheckpointManager
+
+    batch = _batch(seed=1)
+    batch.old_log_probs = backend.log_probs(batch)["log_probs"]
+    saved_lp = backend.log_probs(batch)["log_probs"]
+    noise = (saved_lp - batch.old_log_probs).abs().max().item()
+    backend.update(batch)  # Adam moments are non-zero from here on
+    state = backend.state_dict()
+    before = backend.log_probs(batch)["log_probs"]
+    manager = CheckpointManager(tmp_path / "ckpt")
+    manager.save(
+        1, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"], trainer_state={}
+    )
+
+    metrics = backend.update(batch)
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if k != "step_skipped")
+    after_first = backend.log_probs(batch)["log_probs"]
+    moved = (after_first - before).abs().max().item()
+    loaded = manager.load(manager.latest_complete())
+    backend.load_state_dict(
+        {"model": loaded.model, "optimizer": loaded.optimizer, "scheduler": loaded.scheduler}
+    )
+    back = (backend.log_probs(batch)["log_probs"] - before).abs().max().item()
+    backend.update(batch)
+    replay = (backend.log_probs(batch)["log_probs"] - after_first).abs().max().item()
+    print(
+        f"\nckpt: forward noise {noise:.2e}, update moved {moved:.3e}, after load {back:.2e}, replayed update {replay:.2e}"
+    )
+    assert moved > 100 * max(noise, 1e-6)
+    assert back <= noise + 1e-6
+    assert replay <= max(10 * noise, 1e-3) < moved / 10
