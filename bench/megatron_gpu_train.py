@@ -11,13 +11,15 @@ the resumed-from path, and the ratio megatron / torch of the step time. Results 
 OUT/megatron_gpu_train.json. Megatron settings: transformer_impl=local (no transformer_engine on
 the GPU machine), bf16, distributed optimizer, grouped-GEMM experts; Gated DeltaNet through
 megatron-core's torch delta rule (`deterministic_mode`: FLA 0.6's backward refuses Triton < 3.7.1
-on Hopper).
+on Hopper). The torch backend trains the HF model in float32 under bf16 autocast; with
+`--hide-from-torch` its workers do not see FLA, so transformers uses its torch delta rule too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -78,10 +80,22 @@ def main() -> None:
     parser.add_argument("--split", type=int, default=40)
     parser.add_argument("--backends", default="megatron,torch")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to try the script (torch backend)")
+    parser.add_argument(
+        "--hide-from-torch",
+        default="",
+        help="a PYTHONPATH entry the torch backend's Ray workers do not get (the FLA wheels: their "
+        "Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper, so transformers' torch path is used)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
+    pythonpath = os.environ.get("PYTHONPATH", "")
     for name in args.backends.split(","):
+        # Each train() starts its own local Ray cluster, whose workers inherit this environment.
+        entries = pythonpath.split(os.pathsep)
+        if name == "torch" and args.hide_from_torch:
+            entries = [e for e in entries if e != args.hide_from_torch]
+        os.environ["PYTHONPATH"] = os.pathsep.join(entries)
         try:
             results[name] = run_backend(
                 name, steps=args.steps, split=args.split, device=args.device, workdir=Path(tempfile.mkdtemp())
