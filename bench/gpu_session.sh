@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# What one device call runs on the lent H200 (docs/benchmarks.md quotes its output).
-#   bash bench/gpu_session.sh check     # allocator test, Megatron GPU tests, train() megatron vs torch
-#   bash bench/gpu_session.sh mfu SPEC... # actor-update MFU runs (bench/megatron_gpu_run.py --mfu SPEC)
+# What one device call runs on the lent H200 (docs/benchmarks.md quotes its output). Parts, by argument:
+#   alloc            the real-CUDA allocator test (packages/device)
+#   tests[=EXPR]     the Megatron GPU tests (pytest -k EXPR when given)
+#   train[=ARGS]     bench/megatron_gpu_train.py (train() megatron vs torch; ARGS comma-separated)
+#   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable)
+#   e.g. bash bench/gpu_session.sh alloc tests train=--steps,50,--split,40 mfu=qwen3moe+gmm,8,32,8,768,2048,16,2048,4
 # Wheels the machine lacks travel in .whl/ (megatron-core, megatron-bridge, ray, ...: see the docs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,21 +20,30 @@ export PYTHONPATH=/tmp/site:/tmp/site_fla:$root/packages/trainer/src:$root/packa
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
-mode=${1:-check}
-shift || true
 status=0
-if [ "$mode" = check ]; then
-  timeout 90 python3 -m pytest -p no:cacheprovider -q -rs -m gpu packages/device/tests/test_allocator.py 2>&1 \
-    | tee "$OUT/allocator.log" || status=1
-  timeout 240 python3 -m pytest -p no:cacheprovider -q -rs -s packages/trainer/tests/megatron/test_megatron_gpu.py 2>&1 \
-    | grep -v "Loading weights\|Writing model" | tee "$OUT/megatron_gpu_tests.log" || status=1
-  timeout 270 python3 bench/megatron_gpu_train.py --out "$OUT" --hide-from-torch /tmp/site_fla "$@" 2>&1 \
-    | grep -v "Loading weights\|Writing model\|ckpt.component_saved" > "$OUT/train.log" || status=1
-  tail -n 4 "$OUT/train.log"
-elif [ "$mode" = mfu ]; then
-  args=()
-  for spec in "$@"; do args+=(--mfu "$spec"); done
-  timeout 540 python3 bench/megatron_gpu_run.py --out "$OUT" --phases mfu --profile "${args[@]}" 2>&1 \
-    | grep -v "Loading weights\|Writing model" | tee "$OUT/mfu.log" | grep -v "^\[" | tail -n 40 || status=1
+specs=()
+for part in "$@"; do
+  case "$part" in
+    alloc)
+      timeout 90 python3 -m pytest -p no:cacheprovider -q -rs -m gpu packages/device/tests/test_allocator.py 2>&1 \
+        | tee "$OUT/allocator.log" || status=1 ;;
+    tests|tests=*)
+      expr=${part#tests}; expr=${expr#=}
+      timeout 240 python3 -m pytest -p no:cacheprovider -q -rs -s ${expr:+-k "$expr"} \
+        packages/trainer/tests/megatron/test_megatron_gpu.py 2>&1 \
+        | grep -v "Loading weights\|Writing model\|Warning\|warn" | tee "$OUT/megatron_gpu_tests.log" | tail -n 30 || status=1 ;;
+    train|train=*)
+      args=${part#train}; args=${args#=}
+      timeout 300 python3 bench/megatron_gpu_train.py --out "$OUT" --hide-from-torch /tmp/site_fla ${args//,/ } 2>&1 \
+        | grep -v "Loading weights\|Writing model\|ckpt.component_saved" > "$OUT/train.log" || status=1
+      tail -n 3 "$OUT/train.log" ;;
+    mfu=*) specs+=(--mfu "${part#mfu=}") ;;
+    *) echo "unknown part: $part"; exit 2 ;;
+  esac
+done
+if [ ${#specs[@]} -gt 0 ]; then
+  timeout 540 python3 bench/megatron_gpu_run.py --out "$OUT" --phases mfu --profile "${specs[@]}" 2>&1 \
+    | grep -v "Loading weights\|Writing model" > "$OUT/mfu.log" || status=1
+  grep '^{"family"' "$OUT/mfu.log"
 fi
 exit $status

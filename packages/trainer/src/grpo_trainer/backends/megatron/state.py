@@ -9,6 +9,8 @@ TP/PP/EP sizes with any data-parallel size.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -78,7 +80,23 @@ def _load_optimizer_state(optimizer: Any, entries: list[dict[str, Any]]) -> None
     for sub, entry in zip(subs, entries, strict=True):
         sub.load_state_dict(entry["state_dict"])
         if "param_state" in entry:
-            sub.load_parameter_state_from_dp_zero(_decode_param_state(entry["param_state"]))
+            with _step_tensors_set_aside(sub):
+                sub.load_parameter_state_from_dp_zero(_decode_param_state(entry["param_state"]))
+
+
+@contextmanager
+def _step_tensors_set_aside(optimizer: Any) -> Iterator[None]:
+    """Without Apex/TE, megatron-core (0.19) keeps torch Adam's per-parameter `step` tensor in the
+    inner optimizer's state (restored by `load_state_dict` from the param groups), and
+    `load_parameter_state_from_dp_zero` then asks the saved shard for a `step` it never gathered
+    (KeyError 'step', seen on the GPU). Hold those tensors aside while the shards load."""
+    state = getattr(getattr(optimizer, "optimizer", None), "state", None) or {}
+    steps = {param: entry.pop("step") for param, entry in state.items() if "step" in entry}
+    try:
+        yield
+    finally:
+        for param, step in steps.items():
+            state[param]["step"] = step
 
 
 # Megatron keys the gathered Adam state by buffer index and a (param dtype, grad dtype) tuple:
