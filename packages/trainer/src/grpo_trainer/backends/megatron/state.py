@@ -86,17 +86,19 @@ def _load_optimizer_state(optimizer: Any, entries: list[dict[str, Any]]) -> None
 
 @contextmanager
 def _step_tensors_set_aside(optimizer: Any) -> Iterator[None]:
-    """Without Apex/TE, megatron-core (0.19) keeps torch Adam's per-parameter `step` tensor in the
-    inner optimizer's state (restored by `load_state_dict` from the param groups), and
-    `load_parameter_state_from_dp_zero` then asks the saved shard for a `step` it never gathered
-    (KeyError 'step', seen on the GPU). Hold those tensors aside while the shards load."""
+    """Two megatron-core (0.19) details of the path without Apex/TE, both seen on the GPU:
+    `load_state_dict` puts one `step` tensor object into every parameter's torch Adam state, which
+    Adam then increments once per parameter each step (bias correction runs at step 1 + N);
+    and `load_parameter_state_from_dp_zero` asks the saved shards for a `step` they never held
+    (KeyError 'step'). The step tensors are held aside while the shards load and come back as one
+    copy per parameter."""
     state = getattr(getattr(optimizer, "optimizer", None), "state", None) or {}
     steps = {param: entry.pop("step") for param, entry in state.items() if "step" in entry}
     try:
         yield
     finally:
         for param, step in steps.items():
-            state[param]["step"] = step
+            state[param]["step"] = step.clone()
 
 
 # Megatron keys the gathered Adam state by buffer index and a (param dtype, grad dtype) tuple:
