@@ -31,7 +31,7 @@ for part in "$@"; do
       expr=${part#tests}; expr=${expr#=}
       timeout 240 python3 -m pytest -p no:cacheprovider -q -rs -s ${expr:+-k "$expr"} \
         packages/trainer/tests/megatron/test_megatron_gpu.py 2>&1 \
-        | grep -v "Loading weights\|Writing model\|Warning\|warn" | tee "$OUT/megatron_gpu_tests.log" | tail -n 30 || status=1 ;;
+        | grep -v -e "Loading weights" -e "Writing model" -e "Warning:" -e "warnings.warn" | tee "$OUT/megatron_gpu_tests.log" | tail -n 30 || status=1 ;;
     train|train=*)
       args=${part#train}; args=${args#=}
       timeout 300 python3 bench/megatron_gpu_train.py --out "$OUT" --hide-from-torch /tmp/site_fla ${args//,/ } 2>&1 \
