@@ -155,14 +155,12 @@ def test_strict_hf_export_equals_the_input_checkpoint(backend, model_path: Path,
         assert torch.equal(exported[name], tensor), name
 
 
-def _flat_tensors(tree, prefix: str = "") -> dict[str, torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return {prefix: tree.detach().float().cpu().clone()}
-    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
-    out: dict[str, torch.Tensor] = {}
-    for key, value in items:
-        out.update(_flat_tensors(value, f"{prefix}/{key}"))
-    return out
+def _optimizer_tensors(optimizer_state) -> dict[str, torch.Tensor]:
+    """A snapshot of every tensor of the state, keyed by the checkpoint's own flat paths."""
+    from grpo_ckpt.structure import flatten_state
+
+    _, tensors = flatten_state(optimizer_state)
+    return {key: t.detach().float().cpu().clone() for key, t in tensors.items()}
 
 
 def test_checkpoint_round_trip_restores_weights_and_optimizer(backend, tmp_path: Path) -> None:
@@ -177,7 +175,7 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(backend, tmp_path:
     noise = (backend.log_probs(batch)["log_probs"] - batch.old_log_probs).abs().max().item()
     backend.update(batch)
     state = backend.state_dict()
-    saved_optimizer = _flat_tensors(state["optimizer"])
+    saved_optimizer = _optimizer_tensors(state["optimizer"])
     before = backend.log_probs(batch)["log_probs"]
     manager = CheckpointManager(tmp_path / "ckpt")
     manager.save(
@@ -198,7 +196,7 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(backend, tmp_path:
 
     load()
     back = (backend.log_probs(batch)["log_probs"] - before).abs().max().item()
-    restored = _flat_tensors(backend.state_dict()["optimizer"])
+    restored = _optimizer_tensors(backend.state_dict()["optimizer"])
     assert sorted(restored) == sorted(saved_optimizer)
     optimizer_diff = max((restored[k] - saved_optimizer[k]).abs().max().item() for k in saved_optimizer)
     backend.update(batch)
