@@ -1,9 +1,11 @@
 """Ray orchestration: a cluster (local by default, `RAY_ADDRESS` joins one), one placement group of
 one bundle per rank on the device resource, and worker actors whose failures stop the run.
 
-A call on all ranks (`call`) returns when every rank has answered. The first rank that raises or
-dies ends it at once: its traceback is raised as `WorkerError` and every actor is killed, so ranks
-blocked in a collective with the dead one cannot hang the run. `timeout_s` bounds the whole call.
+A call on all ranks (`call`) returns when every rank has answered. The first failure ends it: the
+other ranks get a few seconds to report theirs (a rank that dies makes its peers' collectives fail
+too, and their errors can reach the driver first), the rank whose process died is blamed ahead of
+ranks that only raised, its traceback is raised as `WorkerError`, and every actor is killed, so
+ranks blocked in a collective with the dead one cannot hang the run. `timeout_s` bounds the call.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import structlog
 log = structlog.get_logger()
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+# After the first failure, how long the other ranks may take to report theirs.
+FAILURE_GRACE_S = 3.0
 
 
 class WorkerError(RuntimeError):
@@ -152,14 +156,27 @@ class WorkerGroup:
             try:
                 results[rank_of[ref]] = ray.get(ref)
             except Exception as exc:  # RayTaskError (raised) or RayActorError (died)
+                failures = {rank_of[ref]: exc, **self._failures_within_grace(pending, rank_of)}
                 self.kill()
-                detail = _ANSI_ESCAPE.sub("", str(exc))
-                raise WorkerError(
-                    f"{what} failed on rank {rank_of[ref]}; all workers were stopped:\n{detail}"
-                ) from exc
+                raise _worker_error(what, failures) from failures[_blamed_rank(failures)]
             if on_done is not None:
                 on_done(rank_of[ref])
         return [results[rank] for rank in ranks]
+
+    @staticmethod
+    def _failures_within_grace(pending: list[Any], rank_of: dict[Any, int]) -> dict[int, Exception]:
+        import ray
+
+        failures: dict[int, Exception] = {}
+        if not pending:
+            return failures
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as exc:
+                failures[rank_of[ref]] = exc
+        return failures
 
     def kill(self) -> None:
         """Kill every actor and release the placement group (idempotent)."""
@@ -175,3 +192,28 @@ class WorkerGroup:
             ray.util.remove_placement_group(self.placement_group)
         except Exception as exc:
             log.debug("worker_group.remove_pg_failed", error=repr(exc))
+
+
+def _blamed_rank(failures: dict[int, Exception]) -> int:
+    """The first rank (in arrival order) whose process died, else the first that raised."""
+    from ray.exceptions import RayActorError
+
+    died = [rank for rank, exc in failures.items() if isinstance(exc, RayActorError)]
+    return died[0] if died else next(iter(failures))
+
+
+def _plain_text(exc: Exception) -> str:
+    return _ANSI_ESCAPE.sub("", str(exc))
+
+
+def _worker_error(what: str, failures: dict[int, Exception]) -> WorkerError:
+    blamed = _blamed_rank(failures)
+    message = f"{what} failed on rank {blamed}; all workers were stopped:\n{_plain_text(failures[blamed])}"
+    others = []
+    for rank, exc in failures.items():
+        if rank != blamed:
+            lines = _plain_text(exc).strip().splitlines()
+            others.append(f"rank {rank}: {lines[-1] if lines else type(exc).__name__}")
+    if others:
+        message += "\nalso failed, likely because of it: " + "; ".join(others)
+    return WorkerError(message)

@@ -53,6 +53,14 @@ class Probe:
         dist.all_reduce(value)
         return float(value)
 
+    def raise_now_unless_dying(self, dying_rank: int) -> None:
+        """What a rank's death looks like when its peers' collectives notice first: the other
+        ranks raise at once, the dying rank's process is gone 0.3 s later."""
+        if self.rank == dying_rank:
+            time.sleep(0.3)
+            os._exit(3)
+        raise ConnectionError(f"peer closed the connection (seen on rank {self.rank})")
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():
@@ -102,6 +110,16 @@ def test_a_failing_rank_stops_the_run_while_its_peer_waits_in_a_collective(group
         assert "RuntimeError: injected failure on rank 1" in message
         assert "\x1b[" not in message  # terminal colour codes stripped
     assert group.actors == []  # everything was killed
+
+
+def test_the_rank_that_died_is_blamed_even_when_a_peer_errors_first(group) -> None:
+    with pytest.raises(WorkerError) as info:
+        group.call("raise_now_unless_dying", dying_rank=1, timeout_s=120)
+    message = str(info.value)
+    assert message.startswith("raise_now_unless_dying failed on rank 1; all workers were stopped")
+    assert "also failed, likely because of it: rank 0: " in message
+    assert "peer closed the connection (seen on rank 0)" in message.split("also failed")[1]
+    assert group.actors == []
 
 
 def test_a_call_past_its_timeout_is_an_error_not_a_hang(group) -> None:
