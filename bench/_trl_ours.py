@@ -31,7 +31,7 @@ def bench_overrides(workdir: Path, *, total_steps: int) -> list[str]:
 
 def load_config(preset_dir: Path, run_dir: Path, *, user_overrides: list[str], total_steps: int) -> Any:
     import grpo_config
-    from grpo_trainer.presets import tiny_preset
+    from grpo_launch import tiny_preset
 
     return grpo_config.load(
         tiny_preset(preset_dir), [*user_overrides, *bench_overrides(run_dir, total_steps=total_steps)]
@@ -96,7 +96,7 @@ def run_ours(spec: BenchSpec, *, preset_dir: Path, workdir: Path, process_start:
         )
     w = spec.warmup_steps
     steps = range(1, spec.total_steps + 1)
-    first_begin = clock.ends[1] - metrics[1]["time/step_s"]
+    first_begin = clock.ends[1] - metrics[1]["timing/step_s"]
     measured = range(w + 1, spec.total_steps + 1)
     return SideResult(
         name="ours",
@@ -108,7 +108,7 @@ def run_ours(spec: BenchSpec, *, preset_dir: Path, workdir: Path, process_start:
             sum(metrics[s]["response_length/mean"] * spec.completions_per_step for s in measured)
         ),
         trained_tokens=round(
-            sum(metrics[s]["perf/tokens_per_s"] * metrics[s]["time/step_s"] for s in measured)
+            sum(metrics[s]["perf/tokens_per_s"] * metrics[s]["timing/step_s"] for s in measured)
         ),
         rewards=[metrics[s]["reward/mean"] for s in range(1, spec.total_steps + 1)],
         notes=notes(cfg, spec),

@@ -55,11 +55,14 @@ class RolloutLedger:
         self.generated_tokens: list[int] = []
 
 
-def make_reward_func(ledger: RolloutLedger):
-    """Our registered reward (by each row's data_source) as a TRL reward function."""
-    import grpo_trainer.presets  # noqa: F401  (registers the tiny task's reward, "grpo/tiny")
-    from grpo_trainer.rewards import get_reward_fn
+def make_reward_func(ledger: RolloutLedger, *, custom_fn: str | None):
+    """Our reward as a TRL reward function, resolved as our RewardManager resolves it: `custom_fn`
+    (the config's reward.custom_fn, e.g. the tiny preset's task) for every row, else the function
+    registered for each row's data_source."""
+    from grpo_trainer.rewards import get_reward_fn, load_custom_fn
     from grpo_trainer.rewards.protocol import as_score
+
+    custom = load_custom_fn(custom_fn) if custom_fn else None
 
     def grpo_registered_reward(
         *,
@@ -72,7 +75,8 @@ def make_reward_func(ledger: RolloutLedger):
         scores = []
         for completion, truth, source in zip(completions, ground_truth, data_source, strict=True):
             text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
-            scores.append(as_score(get_reward_fn(source)(text, truth, None)))
+            fn = custom or get_reward_fn(source)
+            scores.append(as_score(fn(text, truth, None)))
         ledger.mean_rewards.append(sum(scores) / len(scores))
         ledger.generated_tokens.append(sum(len(ids) for ids in completion_ids))
         return scores
@@ -213,7 +217,7 @@ def run_trl(
     )
     trainer = GRPOTrainer(
         model=spec.model_dir,
-        reward_funcs=make_reward_func(ledger),
+        reward_funcs=make_reward_func(ledger, custom_fn=spec.reward_custom_fn),
         args=args,
         train_dataset=Dataset.from_list(read_rows(spec.train_files)),
         processing_class=tokenizer,

@@ -44,6 +44,9 @@ class BenchSpec:
     clip_ratio_high: float
     norm_adv_by_std: bool
     adv_eps: float
+    # Reward: reward.custom_fn ("package.module:function", the tiny preset's task) or, when None, the
+    # function registered for each row's data_source.
+    reward_custom_fn: str | None
     # Resources and measurement.
     world_size: int  # our data-parallel worker processes
     threads: int  # CPU threads in total, each side
@@ -107,6 +110,7 @@ def spec_from_config(
         clip_ratio_high=cfg.actor.clip_ratio_high,
         norm_adv_by_std=cfg.algorithm.norm_adv_by_std,
         adv_eps=cfg.algorithm.adv_eps,
+        reward_custom_fn=cfg.reward.custom_fn,
         world_size=cfg.device.nnodes * cfg.device.devices_per_node,
         threads=threads,
         warmup_steps=warmup_steps,

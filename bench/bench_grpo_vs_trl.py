@@ -6,7 +6,7 @@
 Both sides get the tiny preset's model directory (random-weight Qwen3.5-MoE), its train parquet, the
 group size (rollout.n == num_generations), max response length, sampling settings, optimizer steps
 per rollout (train_batch_size / ppo_mini_batch_size x ppo_epochs), AdamW settings, KL on/off, the
-reward registered for the rows' data_source ("grpo/tiny"), and the same parallel layout: as many
+reward our config names (the tiny task's `reward.custom_fn`), and the same parallel layout: as many
 processes as our Ray workers (TRL through torchrun + accelerate, DDP over gloo), one torch thread
 each on 2 cores. Each side runs in its own process tree, one after the other; rounds alternate
 which side goes first and their measured steps are pooled.

@@ -18,9 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+# The tiny random Qwen3 builder is test code: it lives with the vLLM tests.
+VLLM_TESTS = Path(__file__).resolve().parents[1] / "packages" / "trainer" / "tests" / "vllm"
 
 
 def main() -> None:
@@ -47,7 +51,8 @@ def main() -> None:
 
     from grpo_trainer.protocols import SamplingParams
     from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
-    from grpo_trainer.rollout.vllm_testing import build_tiny_qwen3
+    sys.path.insert(0, str(VLLM_TESTS))
+    from tiny_qwen3 import build_tiny_qwen3
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_vllm_"))
     if args.model_path:

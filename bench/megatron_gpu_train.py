@@ -1,7 +1,7 @@
 """The tiny preset through `train()` (Ray, PolicyWorker, checkpoints, resume) on one GPU with the
 Megatron backend, side by side with the same run on the torch backend.
 
-    PYTHONPATH=packages/trainer/src:packages/config/src:packages/device/src:packages/ckpt/src \
+    PYTHONPATH=packages/launchers/common/src:packages/trainer/src:packages/config/src:packages/device/src:packages/ckpt/src \
         python bench/megatron_gpu_train.py --out $OUT [--steps 50] [--split 40] [--backends megatron,torch]
 
 Each backend runs `total_training_steps=split` first, then a second `train()` with the full step
@@ -43,7 +43,8 @@ COMMON = ["device.devices_per_node=1", "logging.tensorboard=false"]
 
 def run_backend(name: str, *, steps: int, split: int, device: str, workdir: Path) -> dict[str, Any]:
     import grpo_config
-    from grpo_trainer import read_metrics, tiny_preset, train
+    from grpo_launch import tiny_preset
+    from grpo_trainer import read_metrics, train
 
     overrides = [f"device.kind={device}", *COMMON, *(MEGATRON if name == "megatron" else [])]
     preset = tiny_preset(workdir)
@@ -54,7 +55,7 @@ def run_backend(name: str, *, steps: int, split: int, device: str, workdir: Path
     # The resumed run appends to the first run's file; read_metrics keeps the last record a step.
     by_step = {s: r for s, r in read_metrics(second.metrics_path).items() if "reward/mean" in r}
     rewards = [row["reward/mean"] for row in by_step.values()]
-    step_times = [row["time/step_s"] for s, row in by_step.items() if s > 1 and "time/step_s" in row]
+    step_times = [row["timing/step_s"] for s, row in by_step.items() if s > 1 and "timing/step_s" in row]
     result = {
         "backend": name,
         "final_step": second.final_step,

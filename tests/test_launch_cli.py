@@ -19,11 +19,11 @@ import yaml
 
 import grpo_config
 import grpo_device
+from grpo_launch import plan_full
 from grpo_launch_qwen35_35b import PROFILE as PROFILE_35B
 from grpo_launch_qwen35_35b import main as main_35b
 from grpo_launch_qwen35_122b import PROFILE as PROFILE_122B
 from grpo_launch_qwen35_122b import main as main_122b
-from grpo_trainer.launch import plan_full
 
 REPO = Path(__file__).resolve().parents[1]
 MAINS = {"35b": main_35b, "122b": main_122b}
@@ -382,25 +382,8 @@ def test_a_real_run_on_a_missing_accelerator_stops_early(launch_env, monkeypatch
     assert "torch.cuda.is_available() is False" in err and "Traceback" not in err
 
 
-def test_launch_machinery_public_api_is_frozen() -> None:
-    import grpo_trainer.launch
-
-    assert sorted(grpo_trainer.launch.__all__) == [
-        "DataPlan",
-        "DeviceDelta",
-        "LaunchError",
-        "LaunchPlan",
-        "LaunchProfile",
-        "configure_logging",
-        "deep_merge",
-        "plan_full",
-        "plan_tiny",
-        "run_launcher",
-    ]
-
-
 def test_deep_merge_recurses_and_never_aliases() -> None:
-    from grpo_trainer.launch import deep_merge
+    from grpo_launch import deep_merge
 
     base = {"a": {"b": 1, "c": [1]}, "d": 2}
     merged = deep_merge(base, {"a": {"b": 5}, "e": {"f": 1}})

@@ -11,7 +11,7 @@ import logging
 import pytest
 import structlog
 
-from grpo_trainer.launch import configure_logging
+from grpo_launch import configure_logging
 
 
 class TerminalStream(io.StringIO):

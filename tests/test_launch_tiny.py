@@ -1,7 +1,7 @@
 """`--preset tiny` end to end through each installed launcher on the CPU: the tiny preset builds its
 model and task under --output-dir, the launcher resolves and runs it, and the run leaves metrics and
 a checkpoint behind. Shortened with a dotted override (the full tiny run's learning curve is the
-trainer's own test); skipped until the trainer's tiny preset is importable."""
+trainer's own test); skipped until grpo_launch's tiny preset is importable."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ STEPS = 3
 
 def _tiny_available() -> bool:
     try:
-        from grpo_trainer.presets import tiny_preset  # noqa: F401
+        from grpo_launch import tiny_preset  # noqa: F401
         from grpo_trainer.trainer import train  # noqa: F401
     except ImportError:
         return False
     return True
 
 
-@pytest.mark.skipif(not _tiny_available(), reason="grpo_trainer.presets.tiny_preset / train not there yet")
+@pytest.mark.skipif(not _tiny_available(), reason="grpo_launch.tiny_preset / train not there yet")
 @pytest.mark.parametrize("launcher", ["grpo-launch-35b", "grpo-launch-122b"])
 @pytest.mark.timeout(900)
 def test_tiny_preset_runs_to_completion(launcher: str, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 shortened to a few steps: artifacts, determinism, and resume after a SIGKILL.
 
 The full, unshortened preset (test_full_tiny_run_learns, ~1 min on 2 idle cores) must finish
-within 10 minutes with the mean reward of its last 10 steps >= that of its first 10 + 0.2."""
+within 10 minutes with the mean reward of its last 10 steps >= that of its first 10 + 0.5."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import grpo_config
-from grpo_trainer import TrainResult, WorkerError, read_metrics, tiny_preset, train
+from grpo_launch import tiny_preset
+from grpo_trainer import TrainResult, WorkerError, read_metrics, train
 from grpo_trainer.worker_group import ensure_ray
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -37,7 +38,8 @@ CHILD = """
 import sys
 from pathlib import Path
 import grpo_config
-from grpo_trainer import tiny_preset, train
+from grpo_launch import tiny_preset
+from grpo_trainer import train
 train(grpo_config.load(tiny_preset(Path(sys.argv[1])), sys.argv[2:]))
 """
 
@@ -80,7 +82,7 @@ def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
         "actor/pg_loss",
         "actor/entropy",
         "response_length/mean",
-        "time/step_s",
+        "timing/step_s",
     ):
         assert key in records[1], key
     assert records[1]["rollout/logprob_abs_diff"] < 1e-3  # engine and trainer agree on log-probs
@@ -155,4 +157,4 @@ def test_full_tiny_run_learns(ray_cluster, tmp_path) -> None:
         f"tiny preset: {result.final_step} steps in {result.wall_time_s:.0f} s, reward {first:.3f} -> {last:.3f}"
     )
     assert result.wall_time_s < 600
-    assert last - first >= 0.2
+    assert last - first >= 0.5

@@ -129,3 +129,22 @@ def test_all_problems_reported_at_once() -> None:
     )
     assert msg.startswith("Invalid config, 3 problems: (1) ")
     assert "(3) rollout.gpu_memory_utilization=1.5 must be in (0, 1]" in msg
+
+
+def test_phase_timeouts_load_through_dotted_overrides() -> None:
+    cfg = load(None, ["timeouts.update_s=30", "timeouts.setup_s=2.5"])
+    assert (cfg.timeouts.update_s, cfg.timeouts.setup_s) == (30.0, 2.5)
+    assert isinstance(cfg.timeouts.update_s, float)
+    assert cfg.timeouts.log_probs_s == 900.0  # the others keep their defaults
+    assert load({"timeouts": {"weight_sync_s": 60}}).timeouts.weight_sync_s == 60.0
+
+
+def test_phase_timeouts_must_be_positive_and_finite() -> None:
+    msg = _problems(["timeouts.update_s=0", "timeouts.generate_s=-5", "timeouts.checkpoint_s=inf"])
+    assert msg.startswith("Invalid config, 3 problems: (1) timeouts.generate_s=-5.0 must be a positive")
+    assert (
+        "timeouts.update_s=0.0 must be a positive, finite number of seconds (how long the driver waits "
+        "for every rank in that phase before it stops the run): set timeouts.update_s to e.g. 1800."
+    ) in msg
+    assert "timeouts.checkpoint_s=inf must be a positive" in msg
+    assert "timeouts.setup_s" not in msg

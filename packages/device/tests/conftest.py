@@ -2,7 +2,10 @@
 
 torch_npu cannot exist on these machines (it needs Ascend hardware and CANN), so NPU paths are
 exercised with a FAKE `torch_npu` module injected into sys.modules (and `torch.npu`) by the
-`fake_npu` fixture. Everything else uses the real torch.
+`fake_npu` fixture. Everything else uses the real torch. The fake does not register the "npu" device
+type with torch (torch_npu does: `torch.utils.rename_privateuse1_backend("npu")`): that cannot be
+undone and makes torch treat "npu" as the process's accelerator (torch.optim then fails in every
+later test), so `torch.device("npu")` is only built in a subprocess (test_runtime).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ class FakeNpu:
     cache_emptied: int = 0
     synchronized: int = 0
     peak_resets: int = 0
+    current: int = 0
+    set_device_calls: list[int] = field(default_factory=list)
+    rng_states: list[torch.Tensor] = field(default_factory=list)
 
     def build(self) -> types.ModuleType:
         module = types.ModuleType("torch_npu")
@@ -50,6 +56,18 @@ class FakeNpu:
         npu.memory_reserved = lambda index=None: 4_000
         npu.max_memory_allocated = lambda index=None: 2_000
         npu.max_memory_reserved = lambda index=None: 8_000
+
+        def set_device(index: int) -> None:
+            self.set_device_calls.append(index)
+            self.current = index
+
+        def set_rng_state_all(states: list[torch.Tensor]) -> None:
+            self.rng_states = [state.clone() for state in states]
+
+        npu.set_device = set_device
+        npu.current_device = lambda: self.current
+        npu.get_rng_state_all = lambda: [state.clone() for state in self.rng_states]
+        npu.set_rng_state_all = set_rng_state_all
         module.npu = npu
         return module
 
@@ -72,6 +90,7 @@ def no_npu(clean_env: pytest.MonkeyPatch) -> None:
 def fake_npu(clean_env: pytest.MonkeyPatch) -> FakeNpu:
     """A FAKE torch_npu (see module docstring) with 16 visible NPUs."""
     state = FakeNpu()
+    state.rng_states = [torch.full((8,), i, dtype=torch.uint8) for i in range(state.count)]
     module = state.build()
     clean_env.setitem(sys.modules, "torch_npu", module)
     clean_env.setattr(torch, "npu", module.npu, raising=False)

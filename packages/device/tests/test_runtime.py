@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -9,12 +12,16 @@ from grpo_device import (
     DeviceKind,
     DeviceUnavailableError,
     comm_backend,
+    current_device,
     device_count,
+    device_rng_state,
     empty_cache,
     manual_seed_all,
     memory_stats,
     ray_resource_name,
     reset_peak_memory,
+    set_device,
+    set_device_rng_state,
     synchronize,
     torch_device,
     torch_device_module,
@@ -101,3 +108,88 @@ def test_npu_memory_stats_come_from_the_allocator(fake_npu) -> None:
     assert stats.as_mib()["reserved_mib"] == pytest.approx(4_000 / 2**20)
     assert reset_peak_memory("npu") is True
     assert fake_npu.peak_resets == 1
+
+
+def test_set_device_goes_through_the_npu_module(fake_npu) -> None:
+    set_device(3, kind="npu")
+    assert fake_npu.set_device_calls == [3]
+    assert torch_device_module("npu").current_device() == 3
+
+
+_NPU_DEVICE_SCRIPT = """
+import sys, types
+import torch
+
+state = {"current": 0}
+npu = types.ModuleType("torch_npu.npu")
+npu.is_available = lambda: True
+npu.device_count = lambda: 16
+npu.set_device = lambda index: state.update(current=index)
+npu.current_device = lambda: state["current"]
+torch_npu = types.ModuleType("torch_npu")
+torch_npu.npu = npu
+sys.modules["torch_npu"] = torch_npu
+torch.utils.rename_privateuse1_backend("npu")  # what the real torch_npu does on import
+torch._register_device_module("npu", npu)
+
+import grpo_device
+
+grpo_device.set_device(3, kind="npu")
+print(grpo_device.current_device("npu"), grpo_device.torch_device("npu", index=1))
+"""
+
+
+def test_current_device_is_an_npu_device_in_a_process_of_its_own() -> None:
+    """A FAKE torch_npu (no NPU here) that registers "npu" with torch as the real one does: that
+    registration is permanent, so it runs in a subprocess (see conftest)."""
+    result = subprocess.run(
+        [sys.executable, "-c", _NPU_DEVICE_SCRIPT], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["npu:3", "npu:1"]
+
+
+def test_set_device_and_current_device_on_cuda(monkeypatch) -> None:
+    """No GPU here: torch.cuda's two calls are recording stand-ins."""
+    calls: list[int] = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
+    set_device(5, kind="gpu")
+    assert calls == [5]
+    assert current_device("cuda") == torch.device("cuda", 5)
+
+
+def test_cpu_has_one_device_and_nothing_to_set() -> None:
+    set_device(0, kind="cpu")
+    assert current_device("cpu") == torch.device("cpu")
+    for bad in (-1, 1.0, True):
+        with pytest.raises(ValueError, match="must be a non-negative int"):
+            set_device(bad, kind="cpu")
+
+
+def test_device_rng_state_round_trip_on_npu(fake_npu) -> None:
+    saved = device_rng_state("npu")
+    assert [int(state[0]) for state in saved] == list(range(16))
+    fake_npu.rng_states = [torch.zeros(8, dtype=torch.uint8)] * 16
+    set_device_rng_state(saved, kind="npu")
+    assert [int(state[0]) for state in fake_npu.rng_states] == list(range(16))
+    with pytest.raises(ValueError, match="2 device RNG states for 16 visible npu devices"):
+        set_device_rng_state(saved[:2], kind="npu")
+
+
+def test_device_rng_state_on_cuda_uses_torch_cuda(monkeypatch) -> None:
+    states = [torch.full((4,), 7, dtype=torch.uint8), torch.full((4,), 9, dtype=torch.uint8)]
+    restored: list[list[torch.Tensor]] = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    saved = device_rng_state("cuda")
+    set_device_rng_state(saved, kind="cuda")
+    assert [[int(s[0]) for s in call] for call in restored] == [[7, 9]]
+
+
+def test_cpu_has_no_device_generators() -> None:
+    assert device_rng_state("cpu") == []
+    set_device_rng_state([], kind="cpu")
+    with pytest.raises(ValueError, match="1 device RNG states for 0 visible cpu devices"):
+        set_device_rng_state([torch.zeros(8, dtype=torch.uint8)], kind="cpu")

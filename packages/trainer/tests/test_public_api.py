@@ -24,7 +24,6 @@ EXPECTED = [
     "make_rollout_engine",
     "plot_metrics",
     "read_metrics",
-    "tiny_preset",
     "train",
 ]
 

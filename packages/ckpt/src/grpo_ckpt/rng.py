@@ -13,19 +13,16 @@ import numpy as np
 import structlog
 import torch
 
+import grpo_device
+from grpo_device import DeviceKind
+
 log = structlog.get_logger()
 
 __all__ = ["capture_rng", "restore_rng"]
 
 
-def _device_rng_module() -> tuple[str, Any] | None:
-    # Inline rather than via grpo_device: the only need is "which accelerator module has RNG state".
-    if torch.cuda.is_available():
-        return "cuda", torch.cuda
-    npu = getattr(torch, "npu", None)  # present once torch_npu is imported
-    if npu is not None and npu.is_available():
-        return "npu", npu
-    return None
+def _kind(kind: DeviceKind | str | None) -> DeviceKind:
+    return grpo_device.detect() if kind is None else grpo_device.parse_device_kind(kind)
 
 
 def _b64(tensor: torch.Tensor) -> str:
@@ -36,13 +33,14 @@ def _from_b64(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
-def capture_rng() -> dict[str, Any]:
+def capture_rng(*, kind: DeviceKind | str | None = None) -> dict[str, Any]:
+    """Every generator's state; the device's generators are those of `kind` (None: detected)."""
     version, internal, gauss_next = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    np_kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": {"version": version, "state": list(internal), "gauss_next": gauss_next},
         "numpy": {
-            "kind": kind,
+            "kind": np_kind,
             "keys": keys.tolist(),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
@@ -51,16 +49,17 @@ def capture_rng() -> dict[str, Any]:
         "torch": _b64(torch.get_rng_state()),
         "device": None,
     }
-    device = _device_rng_module()
-    if device is not None:
-        kind_name, module = device
-        state["device"] = {"kind": kind_name, "states": [_b64(s) for s in module.get_rng_state_all()]}
+    device = _kind(kind)
+    if device is not DeviceKind.CPU:
+        states = grpo_device.device_rng_state(device)
+        state["device"] = {"kind": device.value, "states": [_b64(s) for s in states]}
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: dict[str, Any], *, kind: DeviceKind | str | None = None) -> None:
     """Set every RNG back to `state` (from `capture_rng`). Device states are restored only on the
-    same device kind with the same device count; otherwise a warning says they were skipped."""
+    same device kind (`kind`, None: detected) with the same device count; otherwise a warning says
+    they were skipped."""
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
     npy = state["numpy"]
@@ -72,23 +71,23 @@ def restore_rng(state: dict[str, Any]) -> None:
     saved = state.get("device")
     if saved is None:
         return
-    current = _device_rng_module()
-    if current is None or current[0] != saved["kind"]:
+    current = _kind(kind)
+    if current is DeviceKind.CPU or current.value != saved["kind"]:
         log.warning(
             "ckpt.rng_device_skipped",
             saved_kind=saved["kind"],
-            current_kind=None if current is None else current[0],
+            current_kind=None if current is DeviceKind.CPU else current.value,
             reason="device kind differs; device RNG left as is",
         )
         return
-    module = current[1]
     states = [_from_b64(s) for s in saved["states"]]
-    if len(states) != module.device_count():
+    visible = grpo_device.device_count(current)
+    if len(states) != visible:
         log.warning(
             "ckpt.rng_device_skipped",
             saved_devices=len(states),
-            current_devices=module.device_count(),
+            current_devices=visible,
             reason="device count differs; device RNG left as is",
         )
         return
-    module.set_rng_state_all(states)
+    grpo_device.set_device_rng_state(states, kind=current)

@@ -171,6 +171,19 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TimeoutsConfig:
+    """How long the driver waits, in seconds, for every rank to answer one call of a worker phase.
+    Past it, the ranks that gave no answer are named with their Python stacks and the run stops."""
+
+    setup_s: float = 1800.0  # model build + rollout engine start
+    generate_s: float = 1800.0  # rollout generation, also validation
+    log_probs_s: float = 900.0  # old and reference log-probs
+    update_s: float = 1800.0  # the policy update of one step
+    weight_sync_s: float = 600.0  # policy -> rollout engine weights, rollout sleep / wake
+    checkpoint_s: float = 1800.0  # save, load, HF export
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
     project_name: str = "grpo"
     experiment_name: str = "default"
@@ -189,3 +202,4 @@ class TrainerConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)

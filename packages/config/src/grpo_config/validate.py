@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from grpo_config.errors import ConfigError
-from grpo_config.schema import ParallelConfig, TrainerConfig
+from grpo_config.schema import ParallelConfig, TimeoutsConfig, TrainerConfig
+
+_TIMEOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TimeoutsConfig)}
 
 
 def _positive(cfg: TrainerConfig) -> dict[str, int]:
@@ -98,6 +103,14 @@ def _value_problems(cfg: TrainerConfig) -> list[str]:
         )
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         problems.append(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1].")
+    for name, default in _TIMEOUT_DEFAULTS.items():
+        seconds = getattr(cfg.timeouts, name)
+        if not 0.0 < seconds < math.inf:
+            problems.append(
+                f"timeouts.{name}={seconds} must be a positive, finite number of seconds (how long the "
+                f"driver waits for every rank in that phase before it stops the run): set "
+                f"timeouts.{name} to e.g. {default:g}."
+            )
     return problems
 
 

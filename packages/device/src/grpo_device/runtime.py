@@ -1,10 +1,12 @@
-"""Per-device torch entry points: module, torch.device, backends, counts, sync, seeding.
+"""Per-device torch entry points: module, torch.device, current device, backends, counts, sync,
+seeding and the device generators' state.
 
 Every function takes an optional `kind` (a DeviceKind or a name such as "gpu"); None detects it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
 
 import torch
@@ -38,6 +40,24 @@ def torch_device(kind: DeviceKind | str | None = None, *, index: int = 0) -> tor
                 f"torch does not know the 'npu' device type ({exc}); torch_npu did not register it"
             ) from exc
     return torch.device(device.value, index)
+
+
+def set_device(index: int, *, kind: DeviceKind | str | None = None) -> None:
+    """Make accelerator `index` this process's current device (`torch.cuda.set_device` /
+    `torch.npu.set_device`); a no-op on CPU."""
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"index={index!r} must be a non-negative int")
+    device = resolve_kind(kind)
+    if device is not DeviceKind.CPU:
+        torch_device_module(device).set_device(index)
+
+
+def current_device(kind: DeviceKind | str | None = None) -> torch.device:
+    """The accelerator this process uses (its current device), or `cpu` on CPU."""
+    device = resolve_kind(kind)
+    if device is DeviceKind.CPU:
+        return torch.device("cpu")
+    return torch_device(device, index=int(torch_device_module(device).current_device()))
 
 
 def comm_backend(kind: DeviceKind | str | None = None) -> str:
@@ -85,3 +105,25 @@ def manual_seed_all(seed: int, *, kind: DeviceKind | str | None = None) -> None:
     torch.manual_seed(seed)
     if device is not DeviceKind.CPU:
         torch_device_module(device).manual_seed_all(seed)
+
+
+def device_rng_state(kind: DeviceKind | str | None = None) -> list[torch.Tensor]:
+    """The generator state of every visible accelerator of the kind (`get_rng_state_all`), as CPU
+    byte tensors; [] on CPU, whose generator is `torch.get_rng_state()`."""
+    device = resolve_kind(kind)
+    if device is DeviceKind.CPU:
+        return []
+    return [state.cpu() for state in torch_device_module(device).get_rng_state_all()]
+
+
+def set_device_rng_state(states: Sequence[torch.Tensor], *, kind: DeviceKind | str | None = None) -> None:
+    """Restore what `device_rng_state` returned: one state per visible accelerator, same count."""
+    device = resolve_kind(kind)
+    expected = device_count(device)
+    if len(states) != expected:
+        raise ValueError(
+            f"{len(states)} device RNG states for {expected} visible {device.value} devices; restore "
+            "them only where as many devices are visible as when they were captured"
+        )
+    if device is not DeviceKind.CPU:
+        torch_device_module(device).set_rng_state_all(list(states))

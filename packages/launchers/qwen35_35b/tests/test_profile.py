@@ -1,5 +1,5 @@
 """The 35B profile is a table: common values once, per-device deltas naming only what differs, and
-no code of its own (the machinery lives in grpo_trainer.launch)."""
+no code of its own (the machinery lives in grpo_launch)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """grpo_trainer: GRPO on Hugging Face / Megatron policies with HF or vLLM rollout, on Ray.
 
-`train(cfg)` runs a whole job (`cfg` from `grpo_config.load`); `presets.tiny_preset(workdir)` gives
-a config that learns on a laptop CPU in minutes. Names load on first use, so importing the package
-(as reward worker processes do) does not pull in Ray, transformers or torch.distributed.
+`train(cfg)` runs a whole job (`cfg` from `grpo_config.load`); a preset (e.g. grpo_launch's
+`tiny_preset`) is data handed to it, never imported here. Names load on first use, so importing the
+package (as reward worker processes do) does not pull in Ray, transformers or torch.distributed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from grpo_trainer.backends import make_backend
     from grpo_trainer.backends.torch_backend import TorchBackend
     from grpo_trainer.metrics import MetricsLogger, plot_metrics, read_metrics
-    from grpo_trainer.presets import tiny_preset
     from grpo_trainer.protocols import (
         Generation,
         PolicyBackend,
@@ -44,7 +43,6 @@ _EXPORTS = {
     "make_rollout_engine": "grpo_trainer.rollout",
     "plot_metrics": "grpo_trainer.metrics",
     "read_metrics": "grpo_trainer.metrics",
-    "tiny_preset": "grpo_trainer.presets",
     "train": "grpo_trainer.trainer",
 }
 
@@ -65,7 +63,6 @@ __all__ = [
     "make_rollout_engine",
     "plot_metrics",
     "read_metrics",
-    "tiny_preset",
     "train",
 ]
 

@@ -20,7 +20,7 @@ CONSOLE_KEYS = (
     "actor/pg_loss",
     "actor/grad_norm",
     "val/reward_mean",
-    "time/step_s",
+    "timing/step_s",
 )
 PLOT_PANELS = (
     ("reward/mean", "reward (mean)"),
@@ -30,8 +30,9 @@ PLOT_PANELS = (
 
 
 class MetricsLogger:
-    """Appends one JSON object per step to `<dir>/metrics.jsonl` (resumed runs keep appending and
-    readers keep the last record of a step) and mirrors scalars to TensorBoard."""
+    """Appends JSON objects to `<dir>/metrics.jsonl`, one or more per step (resumed runs keep
+    appending; readers merge a step's records, later values winning) and mirrors scalars to
+    TensorBoard."""
 
     def __init__(self, directory: Path, *, console: bool, jsonl: bool, tensorboard: bool) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,7 @@ class MetricsLogger:
 
             self._tb = SummaryWriter(log_dir=str(directory / "tensorboard"))
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], *, console: bool = True) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
         if self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
@@ -54,7 +55,7 @@ class MetricsLogger:
             for key, value in clean.items():
                 if math.isfinite(value):
                     self._tb.add_scalar(key, value, step)
-        if self.console:
+        if self.console and console:
             shown = {k.replace("/", "_"): round(clean[k], 4) for k in CONSOLE_KEYS if k in clean}
             log.info("train.step", step=step, **shown)
 
@@ -68,14 +69,14 @@ class MetricsLogger:
 
 
 def read_metrics(path: Path) -> dict[int, dict[str, float]]:
-    """step -> metrics from a JSONL file (the last record of a step wins)."""
+    """step -> metrics from a JSONL file (a step's records merged, later values winning)."""
     records: dict[int, dict[str, float]] = {}
     if not path.exists():
         return records
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             row: dict[str, Any] = json.loads(line)
-            records[int(row.pop("step"))] = row
+            records.setdefault(int(row.pop("step")), {}).update(row)
     return dict(sorted(records.items()))
 
 

@@ -3,7 +3,7 @@ rollout engines in `grpo_trainer.rollout`, policy backends in `grpo_trainer.back
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -60,27 +60,82 @@ class PolicyBatch:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    """What one optimizer step did: `stepped` is False when it was skipped (non-finite gradients)."""
+
+    stepped: bool
+    grad_norm: float
+
+
+# A micro-batch's loss: (its index in the list handed to `forward_backward`, the policy's per-token
+# log-probs [B, T] and entropy [B, T], both with gradient) -> (the loss to back-propagate, a 1-D
+# tensor of metric sums). Written once, in `grpo_trainer.loss`; backends only call it.
+MicroLossFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 @runtime_checkable
 class PolicyBackend(Protocol):
-    def log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """Per-token log-probs of `input_ids[:, 1:]` aligned to positions 1..T-1 (key "log_probs",
-        shape [B, T], position 0 zero) and optionally "entropy" of the same shape."""
+    """The primitives a policy implementation offers; `grpo_trainer.actor.Actor` composes them into
+    log-prob passes and updates (batching, loss, LR schedule and metrics live there, once).
+
+    Micro-batches arrive already cut (`grpo_trainer.batching`), right-padded, with per-token
+    tensors of shape [B, T]. Call every method on every rank in the same order: they run
+    collectives. Per-token outputs are aligned to positions: value t is about `input_ids[:, t]`
+    given the tokens before it; position 0 and padding read 0."""
+
+    device: torch.device  # where the policy computes; losses are computed there
+    dp_size: int  # data-parallel ranks of this policy (model-parallel ranks share rows)
+    dp_rank: int  # this rank's position among them
+
+    def data_parallel_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` summed over the data-parallel ranks (a new CPU float64 tensor)."""
         ...
 
-    def ref_log_probs(self, batch: PolicyBatch) -> torch.Tensor:
-        """`log_probs` under the frozen reference policy ([B, T]); needs actor.use_kl_loss."""
+    def log_probs(
+        self, micros: Sequence[PolicyBatch], *, ref: bool = False, with_entropy: bool = False
+    ) -> list[dict[str, torch.Tensor]]:
+        """Per micro-batch, {"log_probs": [B, T]} (and "entropy" when asked), float32 on the CPU,
+        without gradient, under the policy or, with `ref`, the frozen reference policy."""
         ...
 
-    def update(self, batch: PolicyBatch) -> dict[str, float]:
-        """One optimiser step over this rank's share of a mini-batch (micro-batched inside; loss
-        denominators all-reduced over data-parallel ranks). Returns metrics of the whole
-        mini-batch, the same on every rank."""
+    def forward_backward(
+        self,
+        micros: Sequence[PolicyBatch],
+        loss_fn: MicroLossFn,
+        *,
+        num_metrics: int,
+        entropy_requires_grad: bool,
+    ) -> torch.Tensor:
+        """Zero the gradients, then for each micro-batch: forward, `loss_fn`, backward (gradients
+        accumulate; data-parallel reduction once, after the last). Returns the metric sums of all
+        micro-batches (`[num_metrics]` float64 on the CPU, the same on every model-parallel rank)."""
+        ...
+
+    def optimizer_step(self, *, lr: float) -> StepResult:
+        """Clip gradients to `actor.grad_clip` and step at learning rate `lr`, unless the gradient
+        norm is not finite (then skip). Gradients are cleared."""
         ...
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors, for rollout weight sync and HF export."""
         ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """{"model": ..., "optimizer": ...}: this rank's shard, plain nested dicts of tensors."""
+        ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def export_hf(self, path: str, *, strict: bool) -> Any:
+        """Hugging Face safetensors of the current weights under `path`; returns grpo_ckpt's
+        `ExportReport` (expected vs written keys). Collective: every rank calls it."""
+        ...
+
+    def offload(self) -> None:
+        """Move weights, gradients and optimizer state off the accelerator (for the rollout)."""
+        ...
+
+    def onload(self) -> None:
+        """Bring back what `offload` moved."""
+        ...

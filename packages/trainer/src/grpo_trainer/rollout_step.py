@@ -1,32 +1,25 @@
-"""The driver's side of one rollout: prompts spread over ranks, responses scored, advantages and
-batch metrics. Orchestration-free: `generate` is any callable running the ranks' generation."""
+"""The driver's side of a rollout, as pure functions: prompts spread over ranks with per-rank
+sampling seeds, the ranks' generations gathered in prompt order with their GRPO group ids, reward
+items, and the rollout's metrics."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from grpo_trainer import grpo_math
 from grpo_trainer.data import PromptItem
 from grpo_trainer.protocols import Generation, SamplingParams
-from grpo_trainer.rewards import RewardItem, RewardManager
-
-# Per-rank generation: a list (one entry per rank) of prompt lists -> a list of generation lists.
-GenerateFn = Callable[[list[list[list[int]]], list[SamplingParams]], list[list[Generation]]]
+from grpo_trainer.rewards import RewardItem, RewardResult
 
 
 @dataclass(kw_only=True)
 class Rollout:
     items: list[PromptItem]  # one per sequence (a prompt repeated n times)
     generations: list[Generation]
-    texts: list[str]
-    rewards: torch.Tensor
-    advantages: torch.Tensor
-    metrics: dict[str, float]
+    group_ids: list[int]  # sequences of the same prompt share an id
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -43,77 +36,54 @@ def split_ranks(values: Sequence[Any], parts: int) -> list[list[Any]]:
     return [list(values[bounds[i] : bounds[i + 1]]) for i in range(parts)]
 
 
-def run_rollout(
-    prompts: list[PromptItem],
-    *,
-    generate: GenerateFn,
-    params: SamplingParams,
-    world_size: int,
-    step: int,
-    seed: int,
-    decode: Callable[[list[list[int]]], list[str]],
-    reward_manager: RewardManager,
-    norm_by_std: bool,
-    eps: float,
-) -> Rollout:
-    per_rank = split_ranks(prompts, world_size)
-    rank_params = [
-        SamplingParams(**{**vars(params), "seed": step_seed(seed, step, rank)}) for rank in range(world_size)
-    ]
-    started = time.perf_counter()
-    outputs = generate([[p.prompt_ids for p in chunk] for chunk in per_rank], rank_params)
-    generated = time.perf_counter()
+def seeded_per_rank(params: SamplingParams, seeds: Sequence[int]) -> list[SamplingParams]:
+    return [SamplingParams(**{**vars(params), "seed": seed}) for seed in seeds]
+
+
+def gather_rollout(chunks: Sequence[Sequence[PromptItem]], outputs: Sequence[Sequence[Generation]], *, n: int) -> Rollout:
+    """Each rank's generations (`n` per prompt of its chunk) in one list, in prompt order."""
     items: list[PromptItem] = []
     generations: list[Generation] = []
     group_ids: list[int] = []
     offset = 0
-    for chunk, gens in zip(per_rank, outputs, strict=True):
-        if len(gens) != len(chunk) * params.n:
-            raise RuntimeError(
-                f"engine returned {len(gens)} generations for {len(chunk)} prompts x n={params.n}"
-            )
+    for chunk, gens in zip(chunks, outputs, strict=True):
+        if len(gens) != len(chunk) * n:
+            raise RuntimeError(f"engine returned {len(gens)} generations for {len(chunk)} prompts x n={n}")
         for gen in gens:
             items.append(chunk[gen.prompt_index])
             generations.append(gen)
             group_ids.append(offset + gen.prompt_index)
         offset += len(chunk)
-    texts = decode([g.token_ids for g in generations])
-    result = reward_manager.score(
-        [
-            RewardItem(
-                solution_str=text,
-                ground_truth=item.ground_truth,
-                data_source=item.data_source,
-                extra_info=item.extra_info,
-            )
-            for item, text in zip(items, texts, strict=True)
-        ]
-    )
-    rewards = torch.tensor(result.scores, dtype=torch.float32)
-    scored = time.perf_counter()
-    advantages = grpo_math.group_advantages(rewards, group_ids, norm_by_std=norm_by_std, eps=eps)
-    lengths = torch.tensor([len(g.token_ids) for g in generations], dtype=torch.float32)
-    metrics = {
+    return Rollout(items=items, generations=generations, group_ids=group_ids)
+
+
+def reward_items(items: Sequence[PromptItem], texts: Sequence[str]) -> list[RewardItem]:
+    return [
+        RewardItem(
+            solution_str=text,
+            ground_truth=item.ground_truth,
+            data_source=item.data_source,
+            extra_info=item.extra_info,
+        )
+        for item, text in zip(items, texts, strict=True)
+    ]
+
+
+def rollout_metrics(
+    rollout: Rollout, *, rewards: torch.Tensor, advantages: torch.Tensor, scored: RewardResult
+) -> dict[str, float]:
+    lengths = torch.tensor([len(g.token_ids) for g in rollout.generations], dtype=torch.float32)
+    count = len(rollout.generations)
+    return {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         "reward/max": float(rewards.max()),
         "reward/min": float(rewards.min()),
-        "reward/errors": float(result.n_errors + result.n_timeouts),
-        "reward/unknown_source": float(result.n_unknown_source),
+        "reward/errors": float(scored.n_errors + scored.n_timeouts),
+        "reward/unknown_source": float(scored.n_unknown_source),
         "advantage/abs_mean": float(advantages.abs().mean()),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
-        "response_length/clip_ratio": sum(g.finish_reason == "length" for g in generations)
-        / len(generations),
-        "prompt_length/mean": sum(len(i.prompt_ids) for i in items) / len(items),
-        "time/generate_s": generated - started,
-        "time/reward_s": scored - generated,
+        "response_length/clip_ratio": sum(g.finish_reason == "length" for g in rollout.generations) / count,
+        "prompt_length/mean": sum(len(i.prompt_ids) for i in rollout.items) / count,
     }
-    return Rollout(
-        items=items,
-        generations=generations,
-        texts=texts,
-        rewards=rewards,
-        advantages=advantages,
-        metrics=metrics,
-    )

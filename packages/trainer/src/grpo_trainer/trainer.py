@@ -1,8 +1,11 @@
-"""The GRPO loop: rollout -> reward -> advantages -> old/ref log-probs -> ppo_epochs x mini-batches
--> weight sync -> metrics -> checkpoint, with resume and periodic validation.
+"""The GRPO loop. One step, top to bottom, as the algorithm reads (`_Run.train_step`):
 
-The driver (this process) holds data, rewards and metrics; the policy and its rollout engine live
-in Ray worker actors, one per data-parallel rank (`worker.PolicyWorker`).
+    generate -> reward -> advantages -> old log-probs -> ref log-probs -> update (ppo_epochs x
+    mini-batches) -> weight sync -> metrics; then validation and checkpoint when due.
+
+The driver (this process) holds data, rewards, advantages and metrics; the policy and its rollout
+engine live in Ray worker actors, reached through the typed facade `policy_workers.PolicyWorkers`.
+Each phase's wall time is logged as `timing/<phase>_s` (as verl's `timing_s/*`).
 """
 
 from __future__ import annotations
@@ -10,26 +13,34 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+import torch
 from tqdm.auto import tqdm
 
 from grpo_config.schema import TrainerConfig
-from grpo_trainer import presets  # noqa: F401  (registers the built-in tiny task's reward)
+from grpo_trainer import grpo_math
+from grpo_trainer.batching import dp_row_split, pad_rows
 from grpo_trainer.data import PromptDataset, PromptItem, ResumableSampler
+from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.metrics import MetricsLogger, plot_metrics
+from grpo_trainer.policy_workers import PolicyWorkers
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rewards import RewardManager
-from grpo_trainer.rollout_step import run_rollout, split_ranks
-from grpo_trainer.step_batch import dp_row_split, pad_rows, take_rows
-from grpo_trainer.worker import PolicyWorker, resolve_device_kind
-from grpo_trainer.worker_group import WorkerGroup, ensure_ray
+from grpo_trainer.rollout_step import (
+    gather_rollout,
+    reward_items,
+    rollout_metrics,
+    seeded_per_rank,
+    split_ranks,
+    step_seed,
+)
+from grpo_trainer.worker_group import ensure_ray
 
 log = structlog.get_logger()
-
-CALL_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,19 +54,33 @@ class TrainResult:
     wall_time_s: float = 0.0
 
 
+class PhaseTimer:
+    """`with timer("update"): ...` records `timing/update_s`."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.metrics[f"timing/{phase}_s"] = time.perf_counter() - started
+
+
 def _batches(sampler: ResumableSampler) -> Iterator[list[int]]:
     while True:
         yield from sampler
 
 
 class _Run:
-    """State of one `train` call; methods are the loop's phases."""
+    """State of one `train` call; its methods are the loop's phases."""
 
-    def __init__(self, cfg: TrainerConfig, *, call_timeout_s: float) -> None:
+    def __init__(self, cfg: TrainerConfig) -> None:
         from transformers import AutoTokenizer
 
         self.cfg = cfg
-        self.call_timeout_s = call_timeout_s
         self.world_size = cfg.device.nnodes * cfg.device.devices_per_node
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor.model_path)
         data = cfg.data
@@ -79,80 +104,83 @@ class _Run:
             cfg.reward.timeout_s, cfg.reward.custom_fn, num_workers=cfg.reward.num_workers
         )
         self.max_tokens = cfg.rollout.max_tokens or data.max_response_length
-        self.group: WorkerGroup | None = None
-        self.dp_size = self.world_size
-        self.dp_rank_of = list(range(self.world_size))
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.workers: PolicyWorkers | None = None
         self.step = 0
         self.reward_history: dict[int, float] = {}
 
-    # -- workers ---------------------------------------------------------------------------
-    def start_workers(self) -> None:
-        from grpo_device import ray_resource_name
+    def start_workers(self) -> PolicyWorkers:
+        self.workers = PolicyWorkers(self.cfg)
+        return self.workers
 
-        kind = resolve_device_kind(self.cfg)
-        resource = ray_resource_name(kind)
-        cpus = max(1, (os.cpu_count() or 1) // self.world_size) if resource is None else 1
-        self.group = WorkerGroup(
-            PolicyWorker,
-            world_size=self.world_size,
-            resource=resource,
-            cpus_per_worker=cpus,
-            cfg=self.cfg,
-            num_threads=cpus,
-        )
-        addr, port = self.group.call_rank(0, "rendezvous_address", timeout_s=self.call_timeout_s)
-        ready = self.group.call("setup", master_addr=addr, master_port=port, timeout_s=self.call_timeout_s)
-        self.dp_size = ready[0]["dp_size"]
-        self.dp_rank_of = [info["dp_rank"] for info in ready]  # by worker rank
+    # -- the step ---------------------------------------------------------------------------------
+    def train_step(self, prompts: list[PromptItem]) -> dict[str, float]:
+        cfg, workers, timer = self.cfg, self._workers(), PhaseTimer()
+        started = time.perf_counter()
 
-    def generate(
-        self, prompts: list[list[list[int]]], params: list[SamplingParams]
-    ) -> list[list[Generation]]:
-        assert self.group is not None
-        with tqdm(total=self.world_size, desc="rollout", unit="rank", leave=False, disable=None) as bar:
-            return self.group.call(
-                "generate",
-                args_per_rank=[((p, sp), {}) for p, sp in zip(prompts, params, strict=True)],
-                timeout_s=self.call_timeout_s,
-                on_done=lambda _rank: bar.update(1),
+        chunks = split_ranks(prompts, self.world_size)
+        params = self.sampling_params(validation=False)
+        seeds = [step_seed(cfg.seed, self.step, rank) for rank in range(self.world_size)]
+        with timer("generate"):
+            outputs = self.generate(chunks, seeded_per_rank(params, seeds))
+        rollout = gather_rollout(chunks, outputs, n=params.n)
+
+        with timer("reward"):
+            texts = self.decode([g.token_ids for g in rollout.generations])
+            scored = self.rewards.score(reward_items(rollout.items, texts))
+            rewards = torch.tensor(scored.scores, dtype=torch.float32)
+
+        with timer("advantages"):
+            advantages = grpo_math.group_advantages(
+                rewards, rollout.group_ids, norm_by_std=cfg.algorithm.norm_adv_by_std, eps=cfg.algorithm.adv_eps
             )
 
-    def decode(self, token_ids: list[list[int]]) -> list[str]:
-        return self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-
-    # -- resume / checkpoint ---------------------------------------------------------------
-    def maybe_resume(self) -> Path | None:
-        from grpo_ckpt import CheckpointManager
-
-        path = CheckpointManager(self.cfg.checkpoint.dir).resolve_resume(self.cfg.checkpoint.resume)
-        if path is None:
-            return None
-        assert self.group is not None
-        state = self.group.call("load_checkpoint", path=str(path), timeout_s=self.call_timeout_s)[0]
-        trainer_state = state["trainer_state"]
-        self.step = int(trainer_state["global_step"])
-        self.reward_history = {int(k): float(v) for k, v in trainer_state.get("rewards", {}).items()}
-        if state["dataloader_state"] is not None:
-            self.sampler.load_state_dict(state["dataloader_state"])
-        log.info("train.resumed", path=str(path), step=self.step)
-        return path
-
-    def save(self) -> None:
-        assert self.group is not None
-        trainer_state = {
-            "global_step": self.step,
-            "total_steps": self.total_steps,
-            "rewards": {str(k): v for k, v in self.reward_history.items()},
-        }
-        self.group.call(
-            "save_checkpoint",
-            step=self.step,
-            trainer_state=trainer_state,
-            dataloader_state=self.sampler.state_dict(),
-            timeout_s=self.call_timeout_s,
+        batch = pad_rows(
+            [item.prompt_ids for item in rollout.items],
+            [g.token_ids for g in rollout.generations],
+            pad_token_id=self.pad_token_id,
+            rollout_log_probs=[g.logprobs for g in rollout.generations],
         )
+        batch.advantages = advantages
+        num_mini_batches = cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size
+        shards = dp_row_split(len(rollout.generations), num_mini_batches=num_mini_batches, dp_size=workers.dp_size)
 
-    # -- phases ----------------------------------------------------------------------------
+        with timer("old_log_probs"):
+            batch.old_log_probs = workers.log_probs(batch, shards)
+        if cfg.actor.use_kl_loss:
+            with timer("ref_log_probs"):
+                batch.ref_log_probs = workers.log_probs(batch, shards, ref=True)
+
+        with timer("update"):
+            update = workers.update(batch, shards, num_mini_batches=num_mini_batches, ppo_epochs=cfg.actor.ppo_epochs)
+
+        with timer("weight_sync"):
+            workers.sync_weights()
+
+        metrics = rollout_metrics(rollout, rewards=rewards, advantages=advantages, scored=scored)
+        metrics.update({f"actor/{name}": value for name, value in update.items()})
+        mask = batch.response_mask
+        drift = (batch.old_log_probs - batch.extra["rollout_log_probs"]).abs()
+        metrics["rollout/logprob_abs_diff"] = float(grpo_math.masked_mean(drift, mask))
+        elapsed = time.perf_counter() - started
+        metrics.update(timer.metrics)
+        metrics["timing/step_s"] = elapsed
+        metrics["perf/tokens_per_s"] = float(batch.attention_mask.sum()) / max(elapsed, 1e-9)
+        return metrics
+
+    def generate(
+        self, chunks: list[list[PromptItem]], params: list[SamplingParams]
+    ) -> list[list[Generation]]:
+        """Wake the rollout engines, sample every rank's chunk, put the engines back to sleep."""
+        workers = self._workers()
+        workers.rollout_wake()
+        with tqdm(total=self.world_size, desc="rollout", unit="rank", leave=False, disable=None) as bar:
+            outputs = workers.generate(
+                [[p.prompt_ids for p in chunk] for chunk in chunks], params, on_done=lambda _rank: bar.update(1)
+            )
+        workers.rollout_sleep()
+        return outputs
+
     def sampling_params(self, *, validation: bool) -> SamplingParams:
         r = self.cfg.rollout
         return SamplingParams(
@@ -163,94 +191,61 @@ class _Run:
             max_tokens=self.max_tokens,
         )
 
-    def train_step(self, prompts: list[PromptItem]) -> dict[str, float]:
-        assert self.group is not None
-        started = time.perf_counter()
-        cfg = self.cfg
-        rollout = run_rollout(
-            prompts,
-            generate=self.generate,
-            params=self.sampling_params(validation=False),
-            world_size=self.world_size,
-            step=self.step,
-            seed=cfg.seed,
-            decode=self.decode,
-            reward_manager=self.rewards,
-            norm_by_std=cfg.algorithm.norm_adv_by_std,
-            eps=cfg.algorithm.adv_eps,
-        )
-        generated = time.perf_counter()
-        batch = pad_rows(
-            [item.prompt_ids for item in rollout.items],
-            [g.token_ids for g in rollout.generations],
-            pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0,
-            rollout_log_probs=[g.logprobs for g in rollout.generations],
-        )
-        batch.advantages = rollout.advantages
-        num_mini = cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size
-        shards = dp_row_split(len(rollout.generations), num_mini_batches=num_mini, dp_size=self.dp_size)
-        results = self.group.call(
-            "train",
-            args_per_rank=[((take_rows(batch, shards[dp_rank]),), {}) for dp_rank in self.dp_rank_of],
-            num_mini_batches=num_mini,
-            ppo_epochs=cfg.actor.ppo_epochs,
-            timeout_s=self.call_timeout_s,
-        )
-        done = time.perf_counter()
-        metrics = dict(rollout.metrics)
-        metrics.update({k: v for k, v in results[0].items() if k.startswith(("actor/", "time/"))})
-        diffs = [r["rollout/logprob_abs_diff"] for r in results if "rollout/logprob_abs_diff" in r]
-        if diffs:
-            metrics["rollout/logprob_abs_diff"] = sum(diffs) / len(diffs)
-        tokens = float(batch.attention_mask.sum())
-        metrics.update(
-            {
-                "time/rollout_s": generated - started,
-                "time/train_s": done - generated,
-                "time/step_s": done - started,
-                "perf/tokens_per_s": tokens / max(done - started, 1e-9),
-            }
-        )
-        return metrics
+    def decode(self, token_ids: list[list[int]]) -> list[str]:
+        return self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
 
     def validate(self) -> dict[str, float]:
         if self.val_data is None:
             return {}
         items = [self.val_data[i] for i in range(len(self.val_data))]
         params = self.sampling_params(validation=True)
-        per_rank = split_ranks(items, self.world_size)
-        seeded = [
-            SamplingParams(**{**vars(params), "seed": self.cfg.seed + rank})
-            for rank in range(self.world_size)
-        ]
-        outputs = self.generate([[p.prompt_ids for p in chunk] for chunk in per_rank], seeded)
-        scored_items = [
-            chunk[g.prompt_index] for chunk, gens in zip(per_rank, outputs, strict=True) for g in gens
-        ]
-        texts = self.decode([g.token_ids for gens in outputs for g in gens])
-        result = self.rewards.score(
-            [
-                {
-                    "solution_str": t,
-                    "ground_truth": i.ground_truth,
-                    "data_source": i.data_source,
-                    "extra_info": i.extra_info,
-                }
-                for i, t in zip(scored_items, texts, strict=True)
-            ]
-        )
-        metrics = {"val/reward_mean": sum(result.scores) / max(len(result.scores), 1)}
+        chunks = split_ranks(items, self.world_size)
+        seeds = [self.cfg.seed + rank for rank in range(self.world_size)]
+        rollout = gather_rollout(chunks, self.generate(chunks, seeded_per_rank(params, seeds)), n=params.n)
+        texts = self.decode([g.token_ids for g in rollout.generations])
+        scores = self.rewards.score(reward_items(rollout.items, texts)).scores
+        metrics = {"val/reward_mean": sum(scores) / max(len(scores), 1)}
         by_source: dict[str, list[float]] = {}
-        for item, score in zip(scored_items, result.scores, strict=True):
+        for item, score in zip(rollout.items, scores, strict=True):
             by_source.setdefault(item.data_source, []).append(score)
-        for source, scores in by_source.items():
-            metrics[f"val/{source}/reward_mean"] = sum(scores) / len(scores)
+        for source, values in by_source.items():
+            metrics[f"val/{source}/reward_mean"] = sum(values) / len(values)
         return metrics
+
+    # -- resume / checkpoint ----------------------------------------------------------------------
+    def maybe_resume(self) -> Path | None:
+        from grpo_ckpt import CheckpointManager
+
+        path = CheckpointManager(self.cfg.checkpoint.dir).resolve_resume(self.cfg.checkpoint.resume)
+        if path is None:
+            return None
+        resumed = self._workers().load(path)
+        self.step = int(resumed.trainer_state["global_step"])
+        self.reward_history = {int(k): float(v) for k, v in resumed.trainer_state.get("rewards", {}).items()}
+        if resumed.dataloader_state is not None:
+            self.sampler.load_state_dict(resumed.dataloader_state)
+        log.info("train.resumed", path=str(path), step=self.step)
+        return path
+
+    def save(self) -> Path:
+        trainer_state = {
+            "global_step": self.step,
+            "total_steps": self.total_steps,
+            "rewards": {str(k): v for k, v in self.reward_history.items()},
+        }
+        return self._workers().save(
+            self.step, trainer_state=trainer_state, dataloader_state=self.sampler.state_dict()
+        )
+
+    def _workers(self) -> PolicyWorkers:
+        if self.workers is None:
+            raise RuntimeError("workers are not started")
+        return self.workers
 
     def close(self, *, started_ray: bool) -> None:
         self.rewards.close()
-        if self.group is not None:
-            self.group.kill()
+        if self.workers is not None:
+            self.workers.close()
         if started_ray:
             import ray
 
@@ -261,17 +256,16 @@ def _is_due(step: int, freq: int, total: int) -> bool:
     return step == total or (freq > 0 and step % freq == 0)
 
 
-def train(cfg: TrainerConfig, *, call_timeout_s: float = CALL_TIMEOUT_S) -> TrainResult:
+def train(cfg: TrainerConfig) -> TrainResult:
     """Run GRPO as configured by `cfg` (from `grpo_config.load`) and return where things went.
 
     Resumes per `checkpoint.resume` ("auto": the latest complete checkpoint under
-    `checkpoint.dir`, if any). A worker that raises or dies stops the run with `WorkerError`;
-    `call_timeout_s` bounds each call on the workers."""
+    `checkpoint.dir`, if any). A worker that raises, dies or outlives its phase's `timeouts.*`
+    limit stops the run with `WorkerError`."""
     wall_start = time.perf_counter()
-    run = _Run(cfg, call_timeout_s=call_timeout_s)
-    world = run.world_size
+    run = _Run(cfg)
     cpus = (os.cpu_count() or 1) if resolve_device_kind(cfg) == "cpu" else None
-    started_ray = ensure_ray(num_cpus=max(cpus, world) if cpus else None)
+    started_ray = ensure_ray(num_cpus=max(cpus, run.world_size) if cpus else None)
     log_dir = Path(cfg.logging.dir)
     logger = MetricsLogger(
         log_dir, console=cfg.logging.console, jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard
@@ -288,11 +282,16 @@ def train(cfg: TrainerConfig, *, call_timeout_s: float = CALL_TIMEOUT_S) -> Trai
                 metrics = run.train_step(prompts)
                 run.step += 1
                 run.reward_history[run.step] = metrics["reward/mean"]
-                if _is_due(run.step, cfg.test_freq, run.total_steps) and cfg.test_freq > 0:
-                    metrics.update(run.validate())
-                logger.log(run.step, metrics)
+                timer = PhaseTimer()
+                if cfg.test_freq > 0 and _is_due(run.step, cfg.test_freq, run.total_steps):
+                    with timer("validate"):
+                        metrics.update(run.validate())
+                logger.log(run.step, {**metrics, **timer.metrics})
                 if _is_due(run.step, cfg.checkpoint.save_freq, run.total_steps):
-                    run.save()
+                    # After the step's record: a complete checkpoint implies its metrics were logged.
+                    with timer("save"):
+                        run.save()
+                    logger.log(run.step, {"timing/save_s": timer.metrics["timing/save_s"]}, console=False)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         logger.close()

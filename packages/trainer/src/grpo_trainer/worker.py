@@ -1,6 +1,7 @@
-"""One data-parallel rank: the policy backend and its colocated rollout engine, in one process.
+"""One rank: the policy (`Actor` over a backend) and its colocated rollout engine, in one process.
 
-`PolicyWorker` is a plain class; `worker_group` runs it as a Ray actor. Every method that touches
+`PolicyWorker` is a plain class; `worker_group` runs it as a Ray actor and `policy_workers` is the
+driver's typed facade over it: one method here per phase of the step. Every method that touches
 the policy is called on all ranks in the same order (they hold collectives).
 """
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,20 +18,15 @@ import torch
 import torch.distributed as dist
 
 from grpo_config.schema import TrainerConfig
+from grpo_trainer.actor import Actor
 from grpo_trainer.backends import make_backend
+from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.rollout import make_rollout_engine
-from grpo_trainer.step_batch import take_rows
 
 log = structlog.get_logger()
 
 COLLECTIVE_TIMEOUT_S = 600.0
-
-
-def resolve_device_kind(cfg: TrainerConfig) -> str:
-    from grpo_device import detect, parse_device_kind
-
-    return str(detect() if cfg.device.kind == "auto" else parse_device_kind(cfg.device.kind))
 
 
 def free_port() -> int:
@@ -46,8 +41,9 @@ class PolicyWorker:
         self.rank = rank
         self.world_size = world_size
         self.num_threads = num_threads
-        self.backend: Any = None
+        self.actor: Actor | None = None
         self.engine: Any = None
+        self.tokenizer: Any = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(this node's IP, a free port): rank 0's answer is every rank's init address."""
@@ -81,10 +77,11 @@ class PolicyWorker:
             )
         device = torch_device(kind, index=0)  # Ray exposes one accelerator per worker
         manual_seed_all(self.cfg.seed, kind=kind)  # same initial state on every rank
-        self.backend = make_backend(self.cfg, device=device)
-        tokenizer = AutoTokenizer.from_pretrained(self.cfg.actor.model_path)
-        shared = getattr(self.backend, "module", None)
-        self.engine = make_rollout_engine(self.cfg, device=device, tokenizer=tokenizer, policy_module=shared)
+        backend = make_backend(self.cfg, device=device)
+        self.actor = Actor(self.cfg, backend)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.actor.model_path)
+        shared = getattr(backend, "module", None)  # the hf engine generates with the policy's own module
+        self.engine = make_rollout_engine(self.cfg, device=device, tokenizer=self.tokenizer, policy_module=shared)
         log.info(
             "worker.ready",
             rank=self.rank,
@@ -93,70 +90,42 @@ class PolicyWorker:
             threads=self.num_threads,
             pid=os.getpid(),
         )
-        dp_rank, dp_size = self._data_parallel_position()
         return {
             "rank": self.rank,
             "device": str(device),
             "pid": os.getpid(),
-            "dp_rank": dp_rank,
-            "dp_size": dp_size,
+            "dp_rank": backend.dp_rank,
+            "dp_size": backend.dp_size,
         }
 
-    def _data_parallel_position(self) -> tuple[int, int]:
-        """(data-parallel rank, size): ranks of one model-parallel group get the same rows."""
-        if self.cfg.actor.backend == "megatron":
-            from megatron.core import parallel_state
+    def _actor(self) -> Actor:
+        if self.actor is None:
+            raise RuntimeError("the worker is not set up: call setup() first")
+        return self.actor
 
-            return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
-        return self.rank, self.world_size
+    # -- rollout ----------------------------------------------------------------------------------
+    def rollout_wake(self) -> None:
+        self.engine.wake_up()
+
+    def rollout_sleep(self) -> None:
+        self.engine.sleep()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        self.engine.wake_up()
-        try:
-            return self.engine.generate(prompts, params)
-        finally:
-            self.engine.sleep()
+        return self.engine.generate(prompts, params)
 
-    def train(self, batch: PolicyBatch, *, num_mini_batches: int, ppo_epochs: int) -> dict[str, float]:
-        """Old (and reference) log-probs for the local rows, then `ppo_epochs` passes over
-        `num_mini_batches` consecutive blocks with one optimiser step each, then weight sync."""
-        rows = batch.input_ids.shape[0]
-        if rows % num_mini_batches:
-            raise ValueError(f"{rows} local rows do not split into {num_mini_batches} mini-batches")
-        clock = time.perf_counter()
-        timings: dict[str, float] = {}
+    def sync_weights(self) -> None:
+        """The policy's current weights into the rollout engine."""
+        self.engine.update_weights(self._actor().backend.named_weights())
 
-        def lap(name: str) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            timings[f"time/{name}_s"] = now - clock
-            clock = now
+    # -- policy -----------------------------------------------------------------------------------
+    def log_probs(self, batch: PolicyBatch, *, ref: bool) -> torch.Tensor:
+        """[rows, T] log-probs of this rank's rows under the policy (or the reference)."""
+        return self._actor().log_probs(batch, ref=ref)["log_probs"]
 
-        batch.old_log_probs = self.backend.log_probs(batch)["log_probs"]
-        lap("old_log_prob")
-        if self.cfg.actor.use_kl_loss:
-            batch.ref_log_probs = self.backend.ref_log_probs(batch)
-            lap("ref_log_prob")
-        sums: dict[str, float] = {}
-        per = rows // num_mini_batches
-        updates = 0
-        for _ in range(ppo_epochs):
-            for m in range(num_mini_batches):
-                metrics = self.backend.update(take_rows(batch, range(m * per, (m + 1) * per)))
-                for name, value in metrics.items():
-                    sums[name] = sums.get(name, 0.0) + value
-                updates += 1
-        lap("update")
-        out = {f"actor/{name}": value / updates for name, value in sums.items()}
-        rollout_lp = batch.extra.get("rollout_log_probs")
-        if rollout_lp is not None:
-            mask = batch.response_mask
-            diff = ((batch.old_log_probs - rollout_lp).abs() * mask).sum() / mask.sum().clamp(min=1)
-            out["rollout/logprob_abs_diff"] = float(diff)
-        self.engine.update_weights(self.backend.named_weights())
-        lap("weight_sync")
-        return {**out, **timings}
+    def update(self, batch: PolicyBatch, *, num_mini_batches: int, ppo_epochs: int) -> dict[str, float]:
+        return self._actor().update(batch, num_mini_batches=num_mini_batches, ppo_epochs=ppo_epochs)
 
+    # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(
         self, step: int, *, trainer_state: dict[str, Any], dataloader_state: dict[str, Any]
     ) -> str:
@@ -164,7 +133,8 @@ class PolicyWorker:
 
         ckpt = self.cfg.checkpoint
         manager = CheckpointManager(ckpt.dir, max_to_keep=ckpt.max_to_keep)
-        state = self.backend.state_dict()
+        actor = self._actor()
+        state = actor.state_dict()
         contents = set(ckpt.save_contents)
         with_optimizer = "optimizer" in contents
         path = manager.save(
@@ -174,13 +144,13 @@ class PolicyWorker:
             scheduler=state.get("scheduler") if with_optimizer else None,
             trainer_state=trainer_state,
             dataloader_state=dataloader_state,
-            transformer_config=getattr(getattr(self.backend, "module", None), "config", None),
+            transformer_config=getattr(getattr(actor.backend, "module", None), "config", None),
         )
         return str(path)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore model/optimizer/scheduler and this rank's RNG; returns the trainer and
-        dataloader state saved with it."""
+        """Restore model/optimizer/scheduler and this rank's RNG, then sync the rollout engine;
+        returns the trainer and dataloader state saved with it."""
         from grpo_ckpt import CheckpointManager, restore_rng
 
         loaded = CheckpointManager(Path(path).parent).load(path)
@@ -193,15 +163,24 @@ class PolicyWorker:
             state["optimizer"] = loaded.optimizer
         if loaded.scheduler is not None:
             state["scheduler"] = loaded.scheduler
-        self.backend.load_state_dict(state)
+        self._actor().load_state_dict(state)
         if loaded.rng is not None:
             restore_rng(loaded.rng)
-        self.engine.update_weights(self.backend.named_weights())
+        self.sync_weights()
         return {
             "step": loaded.step,
             "trainer_state": loaded.trainer_state,
             "dataloader_state": loaded.dataloader_state,
         }
+
+    def export_hf(self, path: str, *, strict: bool) -> dict[str, Any] | None:
+        """HF weights (and the tokenizer) under `path`; the export report's manifest entry on the
+        rank that wrote it, None on the others."""
+        report = self._actor().backend.export_hf(path, strict=strict)
+        if self.rank != 0 or report is None:
+            return None
+        self.tokenizer.save_pretrained(path)
+        return report.to_manifest()
 
     def shutdown(self) -> None:
         if dist.is_available() and dist.is_initialized():

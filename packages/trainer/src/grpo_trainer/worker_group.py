@@ -5,13 +5,29 @@ A call on all ranks (`call`) returns when every rank has answered. The first fai
 other ranks get a few seconds to report theirs (a rank that dies makes its peers' collectives fail
 too, and their errors can reach the driver first), the rank whose process died is blamed ahead of
 ranks that only raised, its traceback is raised as `WorkerError`, and every actor is killed, so
-ranks blocked in a collective with the dead one cannot hang the run. `timeout_s` bounds the call.
+ranks blocked in a collective with the dead one cannot hang the run.
+
+`timeout_s` bounds the call (`timeout_setting` names the config key that sets it). Past it, the ranks
+still working are asked for their Python stacks before every actor is killed, and `WorkerTimeoutError`
+names them with their stacks. To make that possible for any worker class, the group runs a generated
+subclass whose constructor first registers `faulthandler` on SIGUSR1 (all threads, into a file per
+process), and asks each actor for its pid, node and file before any other call. On a timeout a
+zero-CPU task pinned to each silent rank's node sends the signal and reads what was written: the
+dump happens in C inside the signal handler, so it works while the rank is blocked in a collective or
+spins holding the GIL, on any node.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import faulthandler
+import functools
+import glob
 import os
 import re
+import signal
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,10 +39,23 @@ log = structlog.get_logger()
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 # After the first failure, how long the other ranks may take to report theirs.
 FAILURE_GRACE_S = 3.0
+# After a timeout, how long collecting the silent ranks' stacks may take in all.
+STACK_DUMP_TIMEOUT_S = 10.0
+# How long a rank's process may take to write its stack once signalled.
+_STACK_WRITE_S = 2.0
+_STACK_SIGNAL = signal.SIGUSR1
+_STACK_FILE_PREFIX = "grpo-worker-stack-"
+# In a worker process: the open file faulthandler writes to (kept open) and its path.
+_stack_file: Any = None
+_stack_path: str | None = None
 
 
 class WorkerError(RuntimeError):
     """A worker raised, died, or did not answer in time; the message carries its traceback."""
+
+
+class WorkerTimeoutError(WorkerError):
+    """Ranks gave no answer within a call's timeout; the message carries their Python stacks."""
 
 
 def ensure_ray(*, num_cpus: int | None) -> bool:
@@ -79,7 +108,7 @@ class WorkerGroup:
                 f"Ray could not reserve {world_size} x {bundle} within {ready_timeout_s:.0f} s "
                 f"(cluster has {ray.cluster_resources()}); lower device.devices_per_node / nnodes or add nodes"
             ) from exc
-        remote_cls = ray.remote(worker_cls)
+        remote_cls = ray.remote(_with_stack_dumps(worker_cls))
         self.actors = []
         for rank in range(world_size):
             options: dict[str, Any] = {
@@ -96,6 +125,9 @@ class WorkerGroup:
             self.actors.append(
                 remote_cls.options(**options).remote(rank=rank, world_size=world_size, **worker_kwargs)
             )
+        # Asked first, so answered before any user method runs: known even when `setup` hangs.
+        self._info_refs = [actor._grpo_process_info.remote() for actor in self.actors]
+        self._process_info: dict[int, tuple[int, str, str | None]] = {}
 
     def call(
         self,
@@ -103,11 +135,14 @@ class WorkerGroup:
         *,
         args_per_rank: Sequence[tuple[tuple[Any, ...], dict[str, Any]]] | None = None,
         timeout_s: float | None = None,
+        timeout_setting: str | None = None,
         on_done: Callable[[int], None] | None = None,
         **kwargs: Any,
     ) -> list[Any]:
         """Run `method` on every rank (same kwargs, or per-rank (args, kwargs)); results by rank.
-        `on_done(rank)` is called as each rank's answer arrives (e.g. to advance a progress bar)."""
+        `on_done(rank)` is called as each rank's answer arrives (e.g. to advance a progress bar).
+        `timeout_setting` is the config key behind `timeout_s` ("timeouts.update_s"), quoted when
+        the call times out."""
 
         if args_per_rank is not None and len(args_per_rank) != self.world_size:
             raise ValueError(f"args_per_rank has {len(args_per_rank)} entries for {self.world_size} ranks")
@@ -115,15 +150,24 @@ class WorkerGroup:
         for rank, actor in enumerate(self.actors):
             args, kw = args_per_rank[rank] if args_per_rank is not None else ((), {})
             refs.append(getattr(actor, method).remote(*args, **{**kwargs, **kw}))
-        return self.wait(refs, what=method, timeout_s=timeout_s, on_done=on_done)
+        return self.wait(
+            refs, what=method, timeout_s=timeout_s, timeout_setting=timeout_setting, on_done=on_done
+        )
 
     def call_rank(
-        self, rank: int, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
+        self,
+        rank: int,
+        method: str,
+        *args: Any,
+        timeout_s: float | None = None,
+        timeout_setting: str | None = None,
+        **kwargs: Any,
     ) -> Any:
         return self.wait(
             [getattr(self.actors[rank], method).remote(*args, **kwargs)],
             what=method,
             timeout_s=timeout_s,
+            timeout_setting=timeout_setting,
             ranks=[rank],
         )[0]
 
@@ -133,9 +177,12 @@ class WorkerGroup:
         *,
         what: str,
         timeout_s: float | None,
+        timeout_setting: str | None = None,
         ranks: list[int] | None = None,
         on_done: Callable[[int], None] | None = None,
     ) -> list[Any]:
+        """Results of `refs` (one per rank of `ranks`, default 0..n-1) in that order; a failure or
+        a timeout kills every actor and raises (`WorkerError`, `WorkerTimeoutError`)."""
         import ray
 
         ranks = ranks if ranks is not None else list(range(len(refs)))
@@ -147,10 +194,16 @@ class WorkerGroup:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
             if not ready:
+                silent = sorted(rank_of[r] for r in pending)
+                stacks = self._stacks(silent)
                 self.kill()
-                raise WorkerError(
-                    f"{what}: ranks {sorted(rank_of[r] for r in pending)} gave no answer within {timeout_s} s; "
-                    "all workers were stopped"
+                raise _timeout_error(
+                    what,
+                    silent=silent,
+                    answered=sorted(results),
+                    timeout_s=timeout_s,
+                    timeout_setting=timeout_setting,
+                    stacks=stacks,
                 )
             ref = ready[0]
             try:
@@ -178,6 +231,71 @@ class WorkerGroup:
                 failures[rank_of[ref]] = exc
         return failures
 
+    def _stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Per rank: a header (pid, node) and the Python stack of every thread of its process, or
+        why it is unavailable. Bounded by STACK_DUMP_TIMEOUT_S in all, whatever the nodes do."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        deadline = time.monotonic() + STACK_DUMP_TIMEOUT_S
+        out: dict[int, str] = {}
+        dumps: dict[Any, int] = {}
+        for rank, info in self._fetch_process_info(ranks).items():
+            if isinstance(info, str):
+                out[rank] = f"stack unavailable: {info}"
+                continue
+            pid, node_id, path = info
+            out[rank] = f"pid {pid}, node {node_id}"
+            if path is None:
+                out[rank] += ":\nstack unavailable: its process could not set up stack dumps (see its log)"
+                continue
+            strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+            ref = _dump_stack_task().options(scheduling_strategy=strategy).remote(pid, path, _STACK_WRITE_S)
+            dumps[ref] = rank
+        if dumps:
+            remaining = max(0.0, deadline - time.monotonic())
+            done, late = ray.wait(list(dumps), num_returns=len(dumps), timeout=remaining)
+            for ref in done:
+                try:
+                    text = ray.get(ref)
+                except Exception as exc:
+                    lines = _plain_text(exc).strip().splitlines()
+                    text = f"stack unavailable: {lines[-1] if lines else type(exc).__name__}"
+                out[dumps[ref]] += ":\n" + text.rstrip()
+            for ref in late:
+                out[dumps[ref]] += (
+                    f":\nstack unavailable: its node did not answer within {STACK_DUMP_TIMEOUT_S:g} s"
+                )
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception as exc:  # finished meanwhile, or its node is gone
+                    log.debug("worker_group.cancel_stack_dump_failed", error=repr(exc))
+        return out
+
+    def _fetch_process_info(self, ranks: list[int]) -> dict[int, tuple[int, str, str | None] | str]:
+        """Per rank: (pid, node id, stack file or None) of its process, or why it is not known. The answers
+        were asked for at creation; those not in yet get one short wait, shared by all ranks."""
+        import ray
+
+        out: dict[int, tuple[int, str, str | None] | str] = {}
+        asked = {
+            self._info_refs[r]: r for r in ranks if r not in self._process_info and r < len(self._info_refs)
+        }
+        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=1.0) if asked else ([], [])
+        for ref in ready:
+            try:
+                self._process_info[asked[ref]] = ray.get(ref)
+            except Exception as exc:
+                out[asked[ref]] = f"its process could not report its pid ({type(exc).__name__})"
+        for rank in ranks:
+            if rank in self._process_info:
+                out[rank] = self._process_info[rank]
+            elif rank >= len(self._info_refs):
+                out[rank] = "the group's actors were already stopped"
+            else:
+                out.setdefault(rank, "its process never reported its pid (it may still be starting)")
+        return out
+
     def kill(self) -> None:
         """Kill every actor and release the placement group (idempotent)."""
         import ray
@@ -188,6 +306,7 @@ class WorkerGroup:
             except Exception as exc:  # already gone
                 log.debug("worker_group.kill_failed", error=repr(exc))
         self.actors = []
+        self._info_refs = []
         try:
             ray.util.remove_placement_group(self.placement_group)
         except Exception as exc:
@@ -217,3 +336,131 @@ def _worker_error(what: str, failures: dict[int, Exception]) -> WorkerError:
     if others:
         message += "\nalso failed, likely because of it: " + "; ".join(others)
     return WorkerError(message)
+
+
+def _timeout_error(
+    what: str,
+    *,
+    silent: list[int],
+    answered: list[int],
+    timeout_s: float | None,
+    timeout_setting: str | None,
+    stacks: dict[int, str],
+) -> WorkerTimeoutError:
+    limit = (
+        f"raise {timeout_setting} if this phase is only slow"
+        if timeout_setting
+        else "raise the call's timeout_s if this phase is only slow"
+    )
+    message = (
+        f"{what}: ranks {silent} gave no answer within {timeout_s:g} s ({limit}); "
+        f"ranks {answered} answered; all workers were stopped. "
+        "Python stacks of the ranks that gave no answer (all threads, most recent call first):"
+    )
+    for rank in silent:
+        message += f"\n--- rank {rank}, {stacks[rank]}"
+    return WorkerTimeoutError(message)
+
+
+# -- stack dumps: the worker side (in each actor's process) and the node-side task -----------------
+
+
+def _with_stack_dumps(worker_cls: type) -> type:
+    """A subclass of `worker_cls` (same name, same constructor signature) that registers the stack
+    dump before the user's constructor runs and answers `_grpo_process_info()`."""
+    base_init = worker_cls.__init__
+
+    @functools.wraps(base_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _register_stack_dump()
+        base_init(self, *args, **kwargs)
+
+    def _grpo_process_info(self: Any) -> tuple[int, str, str | None]:
+        return _process_info()
+
+    return type(
+        worker_cls.__name__,
+        (worker_cls,),
+        {
+            "__init__": __init__,
+            "_grpo_process_info": _grpo_process_info,
+            "__doc__": worker_cls.__doc__,
+            "__module__": worker_cls.__module__,
+        },
+    )
+
+
+def _register_stack_dump() -> None:
+    """In a worker process: on SIGUSR1, write every thread's Python stack to a file of its own (a
+    fresh private temp file). Never fails the worker: without it, a timeout only lacks the stack."""
+    global _stack_file, _stack_path
+    if _stack_file is not None:
+        return
+    _remove_stale_stack_files()
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"{_STACK_FILE_PREFIX}{os.getpid()}-", suffix=".txt")
+        stack_file = os.fdopen(fd, "w")
+        faulthandler.register(_STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    except Exception as exc:
+        log.warning("worker_group.stack_dump_unavailable", error=repr(exc))
+        return
+    _stack_file, _stack_path = stack_file, path
+    atexit.register(_remove_quietly, path)
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
+def _remove_stale_stack_files() -> None:
+    """Killed workers cannot remove their stack files: the next worker on the node removes those
+    whose process is gone."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_STACK_FILE_PREFIX}*.txt")):
+        pid = os.path.basename(path)[len(_STACK_FILE_PREFIX) :].split("-", 1)[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            _remove_quietly(path)
+        except (ValueError, OSError):  # not ours, or another user's process
+            continue
+
+
+def _process_info() -> tuple[int, str, str | None]:
+    """In a worker process: (pid, node id, stack file or None). A module function, not a closure,
+    so it reads this module's `_stack_path` (a closure sent by value would carry a copy of None)."""
+    import ray
+
+    return os.getpid(), ray.get_runtime_context().get_node_id(), _stack_path
+
+
+def _dump_stack(pid: int, path: str, write_s: float) -> str:
+    """On the worker's node: signal `pid` and return what it appended to its stack file."""
+    try:
+        start = os.path.getsize(path)
+    except OSError as exc:
+        return f"stack unavailable: no stack file on its node ({exc})"
+    try:
+        os.kill(pid, _STACK_SIGNAL)
+    except OSError as exc:
+        return f"stack unavailable: could not signal pid {pid} ({exc})"
+    deadline = time.monotonic() + write_s
+    last = start
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        size = os.path.getsize(path)
+        if size > start and size == last:  # written and no longer growing
+            break
+        last = size
+    with open(path, "rb") as f:
+        f.seek(start)
+        text = f.read().decode("utf-8", errors="replace")
+    _remove_quietly(path)  # the worker is killed next
+    return text or f"stack unavailable: pid {pid} wrote nothing within {write_s:g} s of SIGUSR1"
+
+
+@functools.cache
+def _dump_stack_task() -> Any:
+    import ray
+
+    return ray.remote(num_cpus=0, max_retries=0)(_dump_stack)

@@ -1,8 +1,9 @@
-"""The Megatron backend on a real GPU (skipped without CUDA or megatron-bridge; CI has neither a GPU
-nor runs these): log-probs against the HF model on the same weights, weight sync into the `hf`
-rollout engine, strict HF export, and a checkpoint round trip through grpo_ckpt that restores
-weights and optimizer state. Random-weight Qwen3.5-MoE text model (tiny_hf), bf16, TP=PP=EP=1,
-transformer_impl=local (no transformer_engine on the GPU machine).
+"""The Megatron backend on a real GPU, driven by the same `Actor` as the torch backend (skipped
+without CUDA or megatron-bridge; CI has neither a GPU nor runs these): log-probs against the HF
+model on the same weights, weight sync into the `hf` rollout engine, strict HF export, the same
+loss as the torch backend on the same weights and batch, a checkpoint round trip through grpo_ckpt
+that restores weights and optimizer state, and offload/onload. Random-weight Qwen3.5-MoE text model
+(tiny_hf), bf16, TP=PP=EP=1, transformer_impl=local (no transformer_engine on the GPU machine).
 
 Run there: `python -m pytest -m "megatron and gpu" -s packages/trainer/tests/megatron/test_megatron_gpu.py`
 (`-s` prints the measured differences recorded in docs/benchmarks.md).
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import grpo_device
 from grpo_trainer.backends.megatron import megatron_available
 
 pytestmark = [
@@ -31,8 +33,8 @@ import tiny_hf  # noqa: E402
 SEQ = 96
 
 
-def _cfg(model_path: Path, *, grouped_experts: bool):
-    from grpo_config.schema import ActorConfig, DataConfig, MegatronConfig, TrainerConfig
+def _cfg(model_path: Path, *, grouped_experts: bool, backend: str = "megatron"):
+    from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, MegatronConfig, TrainerConfig
 
     megatron = MegatronConfig(
         transformer_impl="local",
@@ -46,7 +48,7 @@ def _cfg(model_path: Path, *, grouped_experts: bool):
     )
     actor = ActorConfig(
         model_path=str(model_path),
-        backend="megatron",
+        backend=backend,
         dtype="bfloat16",
         lr=1e-4,
         ppo_micro_batch_size_per_device=4,
@@ -55,7 +57,9 @@ def _cfg(model_path: Path, *, grouped_experts: bool):
         megatron=megatron,
     )
     return TrainerConfig(
-        actor=actor, data=DataConfig(max_prompt_length=SEQ // 2, max_response_length=SEQ // 2)
+        actor=actor,
+        data=DataConfig(max_prompt_length=SEQ // 2, max_response_length=SEQ // 2),
+        device=DeviceConfig(kind="cuda"),
     )
 
 
@@ -65,15 +69,15 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sequential-experts", "grouped-experts"])
-def backend(request: pytest.FixtureRequest, model_path: Path):
+def actor(request: pytest.FixtureRequest, model_path: Path):
+    from grpo_trainer.actor import Actor
     from grpo_trainer.backends.megatron import MegatronBackend
 
-    built = MegatronBackend.from_config(
-        _cfg(model_path, grouped_experts=request.param), model_path=str(model_path)
-    )
+    cfg = _cfg(model_path, grouped_experts=request.param)
+    built = Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_path)))
     yield built
     del built
-    torch.cuda.empty_cache()
+    grpo_device.empty_cache()
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +114,9 @@ def _hf_log_probs(model: torch.nn.Module, batch) -> torch.Tensor:
     return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1).cpu()
 
 
-def test_log_probs_match_the_hf_model_on_the_same_weights(backend, hf_model) -> None:
+def test_log_probs_match_the_hf_model_on_the_same_weights(actor, hf_model) -> None:
     batch = _batch()
-    ours = backend.log_probs(batch, with_entropy=True)
+    ours = actor.log_probs(batch, with_entropy=True)
     theirs = _hf_log_probs(hf_model, batch)
     mask = batch.attention_mask[:, 1:].bool()
     diff = (ours["log_probs"][:, 1:] - theirs[:, 1:]).abs()[mask]
@@ -124,7 +128,7 @@ def test_log_probs_match_the_hf_model_on_the_same_weights(backend, hf_model) -> 
     assert torch.all(entropy > 0) and torch.all(entropy <= torch.log(torch.tensor(512.0)) + 1e-3)
 
 
-def test_named_weights_sync_the_hf_rollout_engine_exactly(backend, model_path: Path) -> None:
+def test_named_weights_sync_the_hf_rollout_engine_exactly(actor, model_path: Path) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -134,7 +138,7 @@ def test_named_weights_sync_the_hf_rollout_engine_exactly(backend, model_path: P
     with torch.no_grad():
         for p in rollout.parameters():
             p.zero_()
-    HFRolloutEngine(model=rollout, eos_token_id=2, pad_token_id=0).update_weights(backend.named_weights())
+    HFRolloutEngine(model=rollout, eos_token_id=2, pad_token_id=0).update_weights(actor.backend.named_weights())
     reference = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16)
     expected = dict(reference.named_parameters())
     worst = max((p.cpu() - expected[n]).abs().max().item() for n, p in rollout.named_parameters())
@@ -142,10 +146,10 @@ def test_named_weights_sync_the_hf_rollout_engine_exactly(backend, model_path: P
     assert len(load_file(str(model_path / "model.safetensors"))) > len(expected)  # experts were fused
 
 
-def test_strict_hf_export_equals_the_input_checkpoint(backend, model_path: Path, tmp_path: Path) -> None:
+def test_strict_hf_export_equals_the_input_checkpoint(actor, model_path: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    backend.export_hf(str(tmp_path / "export"), strict=True)
+    actor.backend.export_hf(str(tmp_path / "export"), strict=True)
     source = load_file(str(model_path / "model.safetensors"))
     exported: dict[str, torch.Tensor] = {}
     for file in (tmp_path / "export").glob("*.safetensors"):
@@ -153,6 +157,28 @@ def test_strict_hf_export_equals_the_input_checkpoint(backend, model_path: Path,
     assert sorted(exported) == sorted(source)
     for name, tensor in source.items():
         assert torch.equal(exported[name], tensor), name
+
+
+def test_the_same_loss_as_the_torch_backend_on_the_same_weights_and_batch(actor, model_path: Path) -> None:
+    """One update of each backend from the checkpoint's weights on one batch (the same old
+    log-probs and advantages for both): the loss `Actor` computes agrees within bf16 noise."""
+    from grpo_trainer.actor import Actor
+    from grpo_trainer.backends.torch_backend import TorchBackend
+
+    cfg = _cfg(model_path, grouped_experts=False, backend="torch")
+    torch_actor = Actor(cfg, TorchBackend(cfg, device=grpo_device.current_device("cuda")))
+    batch = _batch(seed=2)
+    batch.old_log_probs = torch_actor.log_probs(batch)["log_probs"]
+    theirs = torch_actor.update_mini_batch(batch)
+    ours = actor.update_mini_batch(batch)
+    keys = ("loss", "pg_loss", "entropy", "ppo_kl", "pg_clipfrac", "grad_norm")
+    print("\nmegatron vs torch backend, one update (bf16): " + ", ".join(f"{k} {ours[k]:.5f} / {theirs[k]:.5f}" for k in keys))
+    assert ours["loss"] == pytest.approx(theirs["loss"], rel=2e-2, abs=5e-3)
+    assert ours["pg_loss"] == pytest.approx(theirs["pg_loss"], rel=2e-2, abs=5e-3)
+    assert ours["entropy"] == pytest.approx(theirs["entropy"], rel=2e-2)
+    assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=0.1)
+    del torch_actor
+    grpo_device.empty_cache()
 
 
 def _optimizer_tensors(optimizer_state) -> dict[str, torch.Tensor]:
@@ -163,7 +189,7 @@ def _optimizer_tensors(optimizer_state) -> dict[str, torch.Tensor]:
     return {key: t.detach().float().cpu().clone() for key, t in tensors.items()}
 
 
-def test_checkpoint_round_trip_restores_weights_and_optimizer(backend, tmp_path: Path) -> None:
+def test_checkpoint_round_trip_restores_weights_and_optimizer(actor, tmp_path: Path) -> None:
     """Save after one update (Adam moments non-zero), update again, load: the log-probs and every
     optimizer tensor (fp32 main params, exp_avg, exp_avg_sq) equal the saved ones. Then the
     update from the loaded state is compared with the one from the live state, against the
@@ -171,39 +197,39 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(backend, tmp_path:
     from grpo_ckpt import CheckpointManager
 
     batch = _batch(seed=1)
-    batch.old_log_probs = backend.log_probs(batch)["log_probs"]
-    noise = (backend.log_probs(batch)["log_probs"] - batch.old_log_probs).abs().max().item()
-    backend.update(batch)
-    state = backend.state_dict()
+    batch.old_log_probs = actor.log_probs(batch)["log_probs"]
+    noise = (actor.log_probs(batch)["log_probs"] - batch.old_log_probs).abs().max().item()
+    actor.update_mini_batch(batch)
+    state = actor.state_dict()
     saved_optimizer = _optimizer_tensors(state["optimizer"])
-    before = backend.log_probs(batch)["log_probs"]
+    before = actor.log_probs(batch)["log_probs"]
     manager = CheckpointManager(tmp_path / "ckpt")
     manager.save(
         1, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"], trainer_state={}
     )
     del state
 
-    metrics = backend.update(batch)
+    metrics = actor.update_mini_batch(batch)
     assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if k != "step_skipped")
-    live_update = backend.log_probs(batch)["log_probs"]
+    live_update = actor.log_probs(batch)["log_probs"]
     moved = (live_update - before).abs().max().item()
 
     def load() -> None:
         loaded = manager.load(manager.latest_complete())
-        backend.load_state_dict(
+        actor.load_state_dict(
             {"model": loaded.model, "optimizer": loaded.optimizer, "scheduler": loaded.scheduler}
         )
 
     load()
-    back = (backend.log_probs(batch)["log_probs"] - before).abs().max().item()
-    restored = _optimizer_tensors(backend.state_dict()["optimizer"])
+    back = (actor.log_probs(batch)["log_probs"] - before).abs().max().item()
+    restored = _optimizer_tensors(actor.state_dict()["optimizer"])
     assert sorted(restored) == sorted(saved_optimizer)
     optimizer_diff = max((restored[k] - saved_optimizer[k]).abs().max().item() for k in saved_optimizer)
-    backend.update(batch)
-    replay = backend.log_probs(batch)["log_probs"]
+    actor.update_mini_batch(batch)
+    replay = actor.log_probs(batch)["log_probs"]
     load()
-    backend.update(batch)
-    spread = (backend.log_probs(batch)["log_probs"] - replay).abs().max().item()
+    actor.update_mini_batch(batch)
+    spread = (actor.log_probs(batch)["log_probs"] - replay).abs().max().item()
     replay_diff = (replay - live_update).abs().max().item()
     print(
         f"\nckpt: forward noise {noise:.2e}, update moved {moved:.3e}, after load {back:.2e}, "
@@ -214,3 +240,21 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(backend, tmp_path:
     assert back <= noise + 1e-6
     assert optimizer_diff == 0.0
     assert replay_diff <= max(3 * spread, 1e-3)
+
+
+def test_offload_frees_the_device_and_onload_restores_the_policy(actor) -> None:
+    batch = _batch(seed=3)
+    before = actor.log_probs(batch)["log_probs"]
+    grpo_device.synchronize()
+    held = grpo_device.memory_stats("cuda").allocated_bytes
+    actor.backend.offload()
+    grpo_device.synchronize()
+    offloaded = grpo_device.memory_stats("cuda").allocated_bytes
+    actor.backend.onload()
+    after = actor.log_probs(batch)["log_probs"]
+    batch.old_log_probs = after
+    metrics = actor.update_mini_batch(batch)
+    print(f"\noffload: {held / 2**20:.1f} MiB -> {offloaded / 2**20:.1f} MiB on the device; log-probs after onload max diff {(after - before).abs().max().item():.2e}")
+    assert offloaded < 0.5 * held
+    assert torch.equal(after, before)
+    assert metrics["step_skipped"] == 0.0 and all(torch.isfinite(torch.tensor(metrics[k])) for k in ("loss", "grad_norm"))

@@ -1,13 +1,23 @@
-"""Row layout, data-parallel / mini-batch splits and micro-batch planning (pure tensor code)."""
+"""The one batching path (`grpo_trainer.batching`): row layout, data-parallel / mini-batch splits,
+micro-batch planning and shapes, outputs back into batch order (pure tensor code)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpo_trainer.backends.micro_batches import plan_micro_batches, split_by_count, split_by_tokens
+import grpo_config
+from grpo_trainer.batching import (
+    MicroBatchShape,
+    dp_row_split,
+    micro_batches,
+    mini_batch_rows,
+    pad_rows,
+    plan_micro_batches,
+    scatter_rows,
+    take_rows,
+)
 from grpo_trainer.rollout_step import split_ranks, step_seed
-from grpo_trainer.step_batch import dp_row_split, pad_rows, take_rows
 
 
 def test_pad_rows_puts_prompt_then_response_then_padding() -> None:
@@ -39,26 +49,52 @@ def test_take_rows_selects_and_trims_every_per_token_tensor() -> None:
     assert sub.ref_log_probs is None
 
 
-def test_split_by_tokens_respects_the_padded_budget() -> None:
+def test_token_budget_plan_respects_the_padded_budget() -> None:
     lengths = [3, 9, 4, 4, 2, 12, 5]
-    groups = split_by_tokens(lengths, max_tokens=12)
+    groups = plan_micro_batches(lengths, micro_batch_size=1, max_tokens=12)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     for group in groups:
         cost = len(group) * max(lengths[i] for i in group)
         assert cost <= 12 or len(group) == 1
     assert [5] in groups  # the 12-token row fills a micro-batch alone
-    assert groups == split_by_tokens(lengths, max_tokens=12)
-    assert split_by_count(5, size=2) == [[0, 1], [2, 3], [4]]
+    assert groups == plan_micro_batches(lengths, micro_batch_size=1, max_tokens=12)
+    assert plan_micro_batches([1] * 5, micro_batch_size=2, max_tokens=None) == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="micro-batch size must be >= 1"):
+        plan_micro_batches([1], micro_batch_size=0, max_tokens=None)
 
 
-def test_plan_picks_tokens_or_count() -> None:
+def test_micro_batches_by_tokens_or_count_each_cut_to_its_longest_row() -> None:
     batch = pad_rows([[1]] * 4, [[2] * 7, [2], [2], [2]], pad_token_id=0)
-    by_tokens = plan_micro_batches(batch, use_dynamic_bsz=True, micro_batch_size=1, max_token_len=8)
-    assert by_tokens == [[0], [1, 2, 3]]
-    assert plan_micro_batches(batch, use_dynamic_bsz=False, micro_batch_size=3, max_token_len=1) == [
-        [0, 1, 2],
-        [3],
-    ]
+    by_tokens = micro_batches(batch, micro_batch_size=1, max_tokens=8)
+    assert [m.rows for m in by_tokens] == [[0], [1, 2, 3]]
+    assert [tuple(m.batch.input_ids.shape) for m in by_tokens] == [(1, 8), (3, 2)]
+    by_count = micro_batches(batch, micro_batch_size=3, max_tokens=None)
+    assert [m.rows for m in by_count] == [[0, 1, 2], [3]]
+    assert [tuple(m.batch.input_ids.shape) for m in by_count] == [(3, 8), (1, 2)]
+
+
+def test_parallel_layout_decides_the_micro_batch_shape() -> None:
+    """Pipeline stages exchange one shape (every micro-batch as wide as the batch); sequence
+    parallelism pads the width to a multiple of TP. Only the Megatron backend asks for either."""
+    batch = pad_rows([[1]] * 4, [[2] * 6, [2], [2], [2]], pad_token_id=0)
+    megatron = {"actor": {"backend": "megatron"}, "device": {"devices_per_node": 4}}
+    pp = MicroBatchShape.for_config(grpo_config.load({**megatron, "parallel": {"pp": 2}}))
+    assert pp == MicroBatchShape(same_width=True, multiple=1)
+    assert [m.batch.input_ids.shape[1] for m in micro_batches(batch, micro_batch_size=2, max_tokens=None, shape=pp)] == [7, 7]
+    sp = MicroBatchShape.for_config(grpo_config.load({**megatron, "parallel": {"tp": 4, "sequence_parallel": True}}))
+    assert sp == MicroBatchShape(same_width=False, multiple=4)
+    shaped = micro_batches(batch, micro_batch_size=2, max_tokens=None, shape=sp)
+    assert [m.batch.input_ids.shape[1] for m in shaped] == [8, 4]
+    assert not shaped[0].batch.attention_mask[:, 7:].any()  # the padding is padding
+    assert MicroBatchShape.for_config(grpo_config.load({"parallel": {"tp": 1}})) == MicroBatchShape()
+
+
+def test_outputs_return_to_batch_order_and_mini_batches_are_consecutive_blocks() -> None:
+    parts = [([2, 0], torch.tensor([[5.0, 6.0, 7.0], [1.0, 2.0, 3.0]])), ([1], torch.tensor([[9.0]]))]
+    assert scatter_rows(parts, num_rows=3, width=2).tolist() == [[1, 2], [9, 0], [5, 6]]
+    assert mini_batch_rows(6, 3) == [[0, 1], [2, 3], [4, 5]]
+    with pytest.raises(ValueError, match="do not split into 4 mini-batches"):
+        mini_batch_rows(6, 4)
 
 
 def test_split_ranks_and_step_seeds() -> None:

@@ -1,5 +1,7 @@
-"""TorchBackend on the tiny Qwen3.5-MoE model: log-probs, micro-batching and gradient accumulation,
-data parallelism over gloo (two real processes), KL reference, warmup, state round trip."""
+"""The torch backend under `Actor` on the tiny Qwen3.5-MoE model: one update against an independent
+reference loop (plain torch, verl's formulas written out, the whole batch in one forward), log-probs,
+micro-batching and gradient accumulation, data parallelism over gloo (two real processes), KL
+reference, warmup, skipped steps, state round trip."""
 
 from __future__ import annotations
 
@@ -12,14 +14,16 @@ import torch
 import torch.multiprocessing as mp
 
 import grpo_config
+from grpo_trainer.actor import Actor
 from grpo_trainer.backends.torch_backend import TorchBackend
+from grpo_trainer.batching import pad_rows, take_rows
 from grpo_trainer.protocols import PolicyBatch
-from grpo_trainer.step_batch import pad_rows, take_rows
 
 CPU = torch.device("cpu")
+MAX_RESPONSE = 6
 
 
-def _cfg(model_dir: Path, **actor):
+def _cfg(model_dir: Path, data: dict | None = None, **actor):
     base = {
         "model_path": str(model_dir),
         "dtype": "float32",
@@ -29,7 +33,18 @@ def _cfg(model_dir: Path, **actor):
         "ppo_micro_batch_size_per_device": 1,
         "log_prob_micro_batch_size_per_device": 8,
     }
-    return grpo_config.load({"actor": {**base, **actor}, "rollout": {"engine": "hf", "n": 8}})
+    return grpo_config.load(
+        {
+            "actor": {**base, **actor},
+            "rollout": {"engine": "hf", "n": 8},
+            "data": {"max_response_length": MAX_RESPONSE, **(data or {})},
+        }
+    )
+
+
+def _actor(model_dir: Path, data: dict | None = None, **actor) -> Actor:
+    cfg = _cfg(model_dir, data, **actor)
+    return Actor(cfg, TorchBackend(cfg, device=CPU))
 
 
 def _batch(seed: int = 0, rows: int = 8) -> PolicyBatch:
@@ -39,7 +54,7 @@ def _batch(seed: int = 0, rows: int = 8) -> PolicyBatch:
         for _ in range(rows)
     ]
     responses = [
-        torch.randint(2, 40, (int(torch.randint(1, 7, (1,), generator=gen)),), generator=gen).tolist()
+        torch.randint(2, 40, (int(torch.randint(1, MAX_RESPONSE + 1, (1,), generator=gen)),), generator=gen).tolist()
         for _ in range(rows)
     ]
     batch = pad_rows(prompts, responses, pad_token_id=0)
@@ -47,16 +62,17 @@ def _batch(seed: int = 0, rows: int = 8) -> PolicyBatch:
     return batch
 
 
-def _prepare(backend: TorchBackend, batch: PolicyBatch) -> PolicyBatch:
-    batch.old_log_probs = backend.log_probs(batch)["log_probs"]
-    batch.ref_log_probs = backend.ref_log_probs(batch)
+def _prepare(actor: Actor, batch: PolicyBatch) -> PolicyBatch:
+    batch.old_log_probs = actor.log_probs(batch)["log_probs"]
+    batch.ref_log_probs = actor.log_probs(batch, ref=True)["log_probs"]
     return batch
 
 
-def _capture_grads(backend: TorchBackend) -> dict[str, torch.Tensor]:
+def _capture_grads(actor: Actor) -> dict[str, torch.Tensor]:
     """Filled with the gradients the optimiser is about to apply (after accumulation and the DDP
     all-reduce). Gradients, not updated weights, are compared: Adam's first step is about
     lr * sign(grad), which turns rounding noise on near-zero gradients into lr-sized differences."""
+    backend = actor.backend
     grads: dict[str, torch.Tensor] = {}
     names = {id(p): n for n, p in backend.module.named_parameters()}
 
@@ -69,8 +85,8 @@ def _capture_grads(backend: TorchBackend) -> dict[str, torch.Tensor]:
     return grads
 
 
-def _params(backend: TorchBackend) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in backend.module.state_dict().items()}
+def _params(actor: Actor) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in actor.backend.module.state_dict().items()}
 
 
 def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
@@ -79,19 +95,87 @@ def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: 
         torch.testing.assert_close(a[key], b[key], atol=atol, rtol=1e-4, msg=key)
 
 
+# -- the independent reference ---------------------------------------------------------------------
+def _reference_step(model_dir: Path, batch: PolicyBatch, *, mode: str, kl_coef: float, entropy_coeff: float):
+    """The loss and gradient of one GRPO update on the whole batch, written from verl's definitions
+    with nothing from grpo_trainer: dual-clip PPO (clip 0.2/0.2, c=3), low_var_kl, entropy bonus,
+    aggregation `mode` over response tokens; Dr. GRPO divides token sums by the response budget."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.set_experts_implementation("eager")
+    model.train()
+    ids, attn = batch.input_ids, batch.attention_mask
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
+    logp_all = torch.log_softmax(logits, -1)
+    logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    mask = batch.response_mask[:, 1:]
+    old, ref = batch.old_log_probs[:, 1:], batch.ref_log_probs[:, 1:]
+    adv = batch.advantages[:, None]
+
+    ratio = torch.exp(logp - old)
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    pg = torch.where(adv < 0, torch.minimum(pg, -adv * 3.0), pg)
+    log_ratio = ref - logp
+    kl = (torch.exp(log_ratio) - log_ratio - 1).clamp(-10, 10)
+
+    def agg(x: torch.Tensor) -> torch.Tensor:
+        if mode == "token-mean":
+            return (x * mask).sum() / mask.sum()
+        if mode == "seq-mean-token-mean":
+            return ((x * mask).sum(-1) / mask.sum(-1)).mean()
+        assert mode == "seq-mean-token-sum-norm"
+        return ((x * mask).sum(-1) / MAX_RESPONSE).mean()
+
+    loss = agg(pg) + kl_coef * agg(kl) - entropy_coeff * agg(entropy)
+    loss.backward()
+    grads = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()}
+    return float(loss.detach()), grads
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_one_update_equals_an_independent_reference_loop(tiny_model_dir, mode) -> None:
+    """Micro-batches of 3 rows (uneven: 3+3+2, each cut to its own width) through the backend, the
+    loss object and the actor give the loss and gradient of the reference on the whole batch."""
+    actor = _actor(
+        tiny_model_dir,
+        data={"train_batch_size": 3},  # 3 prompts x n=8: micro-batches of 3 pass the config's checks
+        loss_agg_mode=mode,
+        ppo_mini_batch_size=3,
+        ppo_micro_batch_size_per_device=3,
+        kl_loss_coef=0.1,
+        entropy_coeff=0.01,
+        grad_clip=1e9,  # the captured gradients are the unclipped ones
+    )
+    batch = _batch(seed=3)
+    gen = torch.Generator().manual_seed(7)
+    current = actor.log_probs(batch)["log_probs"]
+    noise = lambda: 0.3 * torch.randn(current.shape, generator=gen) * batch.response_mask  # noqa: E731
+    batch.old_log_probs = current + noise()  # ratios away from 1: clipping and dual clip engage
+    batch.ref_log_probs = current + noise()
+    grads = _capture_grads(actor)
+    metrics = actor.update_mini_batch(batch)
+
+    loss, reference_grads = _reference_step(tiny_model_dir, batch, mode=mode, kl_coef=0.1, entropy_coeff=0.01)
+    print(f"\n{mode}: loss ours {metrics['loss']:.6f} reference {loss:.6f}")
+    assert metrics["loss"] == pytest.approx(loss, rel=1e-4, abs=1e-6)
+    assert reference_grads.keys() == grads.keys()
+    assert sum(float(g.abs().sum()) for g in grads.values()) > 0
+    _assert_close(grads, reference_grads, atol=1e-5)
+
+
 def test_log_probs_match_an_unpadded_forward_whatever_the_micro_batch(tiny_model_dir) -> None:
     batch = _batch()
-    small = TorchBackend(_cfg(tiny_model_dir, log_prob_micro_batch_size_per_device=1), device=CPU)
-    dynamic = TorchBackend(
-        _cfg(tiny_model_dir, use_dynamic_bsz=True, ppo_max_token_len_per_device=20), device=CPU
-    )
+    small = _actor(tiny_model_dir, log_prob_micro_batch_size_per_device=1)
+    dynamic = _actor(tiny_model_dir, use_dynamic_bsz=True, ppo_max_token_len_per_device=20)
     out = small.log_probs(batch, with_entropy=True)
     assert torch.allclose(out["log_probs"], dynamic.log_probs(batch)["log_probs"], atol=1e-5)
     for row in range(batch.input_ids.shape[0]):
         n = int(batch.attention_mask[row].sum())
         ids = batch.input_ids[row : row + 1, :n]
         with torch.no_grad():
-            logits = small.module(input_ids=ids).logits[0, :-1].float()
+            logits = small.backend.module(input_ids=ids).logits[0, :-1].float()
         expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
         torch.testing.assert_close(out["log_probs"][row, 1:n], expected, atol=1e-5, rtol=1e-4)
         assert out["log_probs"][row, 0] == 0 and not out["log_probs"][row, n:].any()
@@ -100,22 +184,23 @@ def test_log_probs_match_an_unpadded_forward_whatever_the_micro_batch(tiny_model
         torch.testing.assert_close(out["entropy"][row, 1:n], entropy, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_one_update_is_the_same_for_any_micro_batching(tiny_model_dir, mode) -> None:
     """Gradient accumulation over micro-batches (by count or by a token budget) must give the
-    gradient of the whole mini-batch: the parameters after one step agree."""
+    gradient of the whole mini-batch: the gradients and the logged loss agree. Dr. GRPO's divisor
+    is a constant, so micro-batches cut to different widths agree too."""
     results = []
-    for actor in (
+    for actor_kwargs in (
         {"ppo_micro_batch_size_per_device": 8},
         {"ppo_micro_batch_size_per_device": 1},
         {"use_dynamic_bsz": True, "ppo_max_token_len_per_device": 16},
     ):
-        backend = TorchBackend(_cfg(tiny_model_dir, loss_agg_mode=mode, **actor), device=CPU)
-        before = _params(backend)
-        grads = _capture_grads(backend)
-        metrics = backend.update(_prepare(backend, _batch()))
+        actor = _actor(tiny_model_dir, loss_agg_mode=mode, **actor_kwargs)
+        before = _params(actor)
+        grads = _capture_grads(actor)
+        metrics = actor.update_mini_batch(_prepare(actor, _batch()))
         results.append((grads, metrics))
-    assert any(not torch.equal(before[k], v) for k, v in _params(backend).items())
+    assert any(not torch.equal(before[k], v) for k, v in _params(actor).items())
     assert sum(float(g.abs().sum()) for g in results[0][0].values()) > 0
     for grads, metrics in results[1:]:
         _assert_close(results[0][0], grads, atol=1e-6)
@@ -124,43 +209,57 @@ def test_one_update_is_the_same_for_any_micro_batching(tiny_model_dir, mode) -> 
 
 
 def test_kl_to_the_frozen_reference_grows_as_the_policy_moves(tiny_model_dir) -> None:
-    backend = TorchBackend(_cfg(tiny_model_dir, kl_loss_coef=0.1), device=CPU)
-    batch = _prepare(backend, _batch())
+    actor = _actor(tiny_model_dir, kl_loss_coef=0.1)
+    batch = _prepare(actor, _batch())
     assert torch.allclose(batch.old_log_probs, batch.ref_log_probs)
-    first = backend.update(batch)
+    first = actor.update_mini_batch(batch)
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # measured before the step
-    second = backend.update(batch)
+    second = actor.update_mini_batch(batch)
     assert second["kl"] != 0.0 and second["kl_loss"] > 0.0
-    assert torch.equal(backend.ref_log_probs(batch), batch.ref_log_probs)  # reference is frozen
+    assert torch.equal(actor.log_probs(batch, ref=True)["log_probs"], batch.ref_log_probs)  # frozen
+
+
+def test_without_kl_no_reference_is_built_or_needed(tiny_model_dir) -> None:
+    actor = _actor(tiny_model_dir, use_kl_loss=False)
+    assert actor.backend.ref_module is None
+    batch = _batch()
+    batch.old_log_probs = actor.log_probs(batch)["log_probs"]
+    metrics = actor.update_mini_batch(batch)
+    assert "kl" not in metrics and "kl_loss" not in metrics
+    with pytest.raises(ValueError, match=r"only built when actor\.use_kl_loss=true"):
+        actor.log_probs(batch, ref=True)
 
 
 def test_lr_warms_up_linearly(tiny_model_dir) -> None:
-    backend = TorchBackend(_cfg(tiny_model_dir, lr=1e-3, lr_warmup_steps=4), device=CPU)
-    batch = _prepare(backend, _batch(rows=2))
-    lrs = [backend.update(batch)["lr"] for _ in range(5)]
+    actor = _actor(tiny_model_dir, lr=1e-3, lr_warmup_steps=4)
+    batch = _prepare(actor, _batch(rows=2))
+    lrs = [actor.update_mini_batch(batch)["lr"] for _ in range(5)]
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert [g["lr"] for g in actor.backend.optimizer.param_groups] == pytest.approx([1e-3])
 
 
-def test_non_finite_gradient_skips_the_step(tiny_model_dir) -> None:
-    backend = TorchBackend(_cfg(tiny_model_dir), device=CPU)
-    batch = _prepare(backend, _batch())
+def test_non_finite_gradient_skips_the_step_and_the_schedule(tiny_model_dir) -> None:
+    actor = _actor(tiny_model_dir, lr_warmup_steps=4)
+    batch = _prepare(actor, _batch())
     batch.advantages = torch.full_like(batch.advantages, float("nan"))
-    before = _params(backend)
-    metrics = backend.update(batch)
+    before = _params(actor)
+    metrics = actor.update_mini_batch(batch)
     assert metrics["step_skipped"] == 1.0
-    _assert_close(before, _params(backend), atol=0)
+    assert actor.schedule.steps_done == 0  # warmup counts taken steps only
+    _assert_close(before, _params(actor), atol=0)
 
 
 def test_state_dict_round_trip_continues_identically(tiny_model_dir) -> None:
-    a = TorchBackend(_cfg(tiny_model_dir, lr_warmup_steps=3), device=CPU)
+    a = _actor(tiny_model_dir, lr_warmup_steps=3)
     batch = _prepare(a, _batch())
-    a.update(batch)
-    b = TorchBackend(_cfg(tiny_model_dir, lr_warmup_steps=3), device=CPU)
+    a.update_mini_batch(batch)
+    b = _actor(tiny_model_dir, lr_warmup_steps=3)
     b.load_state_dict(copy.deepcopy(a.state_dict()))  # as if from disk: no shared tensors
-    a.update(batch)
-    b.update(batch)
+    assert b.schedule.steps_done == 1
+    first, second = a.update_mini_batch(batch), b.update_mini_batch(batch)
+    assert first["lr"] == second["lr"]
     _assert_close(_params(a), _params(b), atol=0)  # same process, same order: bit-identical
-    assert dict(a.named_weights()).keys() == a.module.state_dict().keys()
+    assert dict(a.backend.named_weights()).keys() == a.backend.module.state_dict().keys()
 
 
 def _ddp_rank(rank: int, model_dir: str, port: int, out: str) -> None:
@@ -169,12 +268,12 @@ def _ddp_rank(rank: int, model_dir: str, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        backend = TorchBackend(_cfg(Path(model_dir), ppo_micro_batch_size_per_device=2), device=CPU)
-        grads = _capture_grads(backend)
+        actor = _actor(Path(model_dir), ppo_micro_batch_size_per_device=2)
+        grads = _capture_grads(actor)
         mine = take_rows(_batch(), list(range(rank * 4, rank * 4 + 4)))
-        metrics = backend.update(_prepare(backend, mine))
+        metrics = actor.update_mini_batch(_prepare(actor, mine))
         if rank == 0:
-            torch.save({"grads": grads, "params": _params(backend), "metrics": metrics}, out)
+            torch.save({"grads": grads, "params": _params(actor), "metrics": metrics}, out)
     finally:
         dist.destroy_process_group()
 
@@ -192,9 +291,9 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(tiny_model_dir, tmp_pa
         join=True,
         start_method="spawn",
     )
-    single = TorchBackend(_cfg(tiny_model_dir, ppo_micro_batch_size_per_device=8), device=CPU)
+    single = _actor(tiny_model_dir, ppo_micro_batch_size_per_device=8)
     grads = _capture_grads(single)
-    metrics = single.update(_prepare(single, _batch()))
+    metrics = single.update_mini_batch(_prepare(single, _batch()))
     saved = torch.load(out)
     _assert_close(saved["grads"], grads, atol=1e-6)
     assert saved["metrics"]["pg_loss"] == pytest.approx(metrics["pg_loss"], abs=1e-5)

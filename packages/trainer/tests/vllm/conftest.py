@@ -4,15 +4,18 @@ original ones back before they return."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # this folder's helpers: `from tiny_qwen3 import ...`
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory):
     """(model_dir, HF model, tokenizer) of a random float32 Qwen3: hidden 128, head_dim 32, 2 layers."""
-    from grpo_trainer.rollout.vllm_testing import build_tiny_qwen3
+    from tiny_qwen3 import build_tiny_qwen3
 
     model_dir = tmp_path_factory.mktemp("tiny_qwen3")
     model, tokenizer = build_tiny_qwen3(model_dir, seed=0)

@@ -17,11 +17,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_tiny_grpo_loop_runs_three_steps_on_vllm(tmp_path):
+    from tiny_qwen3 import build_tiny_qwen3  # this folder's helper (conftest puts it on sys.path)
     from transformers import AutoTokenizer
 
     import grpo_config
-    from grpo_trainer.presets import tiny_preset
-    from grpo_trainer.rollout.vllm_testing import build_tiny_qwen3
+    from grpo_launch import tiny_preset
     from grpo_trainer.trainer import train
 
     preset = tiny_preset(tmp_path)

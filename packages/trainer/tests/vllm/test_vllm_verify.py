@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_qwen3 import build_tiny_qwen3  # this folder's helper (conftest puts it on sys.path)
 
-from grpo_trainer.rollout.vllm_testing import build_tiny_qwen3
 from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from grpo_launch import run_launcher
 from grpo_launch_qwen35_35b.profile import PROFILE
-from grpo_trainer.launch import run_launcher
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,7 @@ Why these values:
 
 from __future__ import annotations
 
-from grpo_trainer.launch import DeviceDelta, LaunchProfile
+from grpo_launch import DeviceDelta, LaunchProfile
 
 COMMON = {
     "project_name": "grpo-qwen35",

@@ -4,6 +4,9 @@ HF path -> `AutoBridge.from_hf_pretrained` -> provider (bridge's mapping of the 
 our settings from grpo_config (`provider_config`) -> validated `override_transformer_config` ->
 `finalize()` -> model parallel groups -> `provide_distributed_model` (HF weights loaded by the
 bridge) -> Megatron (distributed) optimizer.
+
+Every device call goes through grpo_device (CUDA with nccl, Ascend NPU with hccl); megatron-core's
+forward does not run on CPU, so kind cpu is refused with that reason.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ import structlog
 import torch
 import torch.distributed as dist
 
+import grpo_device
 from grpo_config.schema import MegatronConfig, TrainerConfig
-from grpo_trainer.backends.megatron.imports import import_auto_bridge, transformer_engine_available
+from grpo_device import DeviceKind
+from grpo_trainer.backends.megatron.imports import (
+    import_auto_bridge,
+    import_megatron_stack,
+    transformer_engine_available,
+)
 from grpo_trainer.backends.megatron.provider_config import (
     ModelShape,
     ParallelLayout,
@@ -28,6 +37,7 @@ from grpo_trainer.backends.megatron.provider_config import (
     torch_grouped_experts,
     validate_overrides,
 )
+from grpo_trainer.devices import resolve_device_kind
 
 log = structlog.get_logger()
 
@@ -42,11 +52,28 @@ class BuiltPolicy:
     layout: ParallelLayout
 
 
-def init_distributed() -> None:
+def _accelerator(kind: DeviceKind | str) -> DeviceKind:
+    device = grpo_device.parse_device_kind(kind)
+    if device is DeviceKind.CPU:
+        raise ValueError(
+            "actor.backend=megatron needs a GPU or an Ascend NPU: megatron-core's forward does not run "
+            "on CPU (its attention and MoE layers allocate on the accelerator); use actor.backend=torch "
+            "on CPU"
+        )
+    return device
+
+
+def megatron_device(kind: DeviceKind | str) -> torch.device:
+    """The accelerator this process's Megatron model lives on (its current device: LOCAL_RANK once
+    `init_distributed` ran); refuses cpu."""
+    return grpo_device.current_device(_accelerator(kind))
+
+
+def init_distributed(kind: DeviceKind | str) -> None:
     """One process per device; torchrun / Ray set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT.
-    A single process without them becomes world size 1."""
-    if dist.is_initialized():
-        return
+    A single process without them becomes world size 1. Selects device LOCAL_RANK and, unless a
+    process group exists already, starts one on the kind's backend (nccl on CUDA, hccl on NPU)."""
+    device = _accelerator(kind)
     for key, default in (
         ("RANK", "0"),
         ("WORLD_SIZE", "1"),
@@ -54,12 +81,14 @@ def init_distributed() -> None:
         ("MASTER_PORT", "29511"),
     ):
         os.environ.setdefault(key, default)
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "the Megatron backend needs CUDA devices (megatron-core's forward does not run on CPU)"
+    if grpo_device.device_count(device) == 0:
+        raise grpo_device.DeviceUnavailableError(
+            f"the Megatron backend runs on {device.value} but this process sees no such device; check "
+            f"{grpo_device.visible_devices_env(device)} and the driver"
         )
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl")
+    grpo_device.set_device(int(os.environ.get("LOCAL_RANK", "0")), kind=device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=grpo_device.comm_backend(device))
 
 
 def model_shape(provider: Any) -> ModelShape:
@@ -100,15 +129,22 @@ def configure_provider(
 
 
 def build_policy(
-    cfg: TrainerConfig, *, model_path: str, megatron: MegatronConfig | None = None, trainable: bool = True
+    cfg: TrainerConfig,
+    *,
+    model_path: str,
+    megatron: MegatronConfig | None = None,
+    trainable: bool = True,
+    kind: DeviceKind | str | None = None,
 ) -> BuiltPolicy:
-    """The Megatron model (list of virtual-pipeline chunks) with HF weights loaded."""
+    """The Megatron model (list of virtual-pipeline chunks) with HF weights loaded, on the device of
+    `kind` (None: `device.kind` of the config, "auto" detected)."""
+    device = import_megatron_stack(resolve_device_kind(cfg) if kind is None else kind)
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallelConfig
 
     megatron = megatron or cfg.actor.megatron
     auto_bridge = import_auto_bridge()
-    init_distributed()
+    init_distributed(device)
     bridge = auto_bridge.from_hf_pretrained(model_path, torch_dtype=_DTYPES[cfg.actor.dtype])
     provider = bridge.to_megatron_provider(load_weights=True)
     seq_length = cfg.data.max_prompt_length + cfg.data.max_response_length

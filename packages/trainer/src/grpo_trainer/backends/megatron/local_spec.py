@@ -44,6 +44,8 @@ from megatron.core.transformer.transformer_layer import (
     get_transformer_layer_offset,
 )
 
+import grpo_device
+
 
 class LocalRMSNorm(torch.nn.Module):
     """RMSNorm computed like the HF Qwen models. With `config.layernorm_zero_centered_gamma` the
@@ -58,7 +60,7 @@ class LocalRMSNorm(torch.nn.Module):
         self.zero_centered = bool(config.layernorm_zero_centered_gamma)
         self.eps = eps
         init = torch.zeros if self.zero_centered else torch.ones
-        device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
+        device = "cpu" if config.use_cpu_initialization else grpo_device.current_device()
         self.weight = torch.nn.Parameter(init(hidden_size, dtype=config.params_dtype, device=device))
         # Megatron all-reduces the gradients of parameters marked so over the tensor-parallel group.
         self.weight.sequence_parallel = config.sequence_parallel

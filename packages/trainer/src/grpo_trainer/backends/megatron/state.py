@@ -33,9 +33,9 @@ def _model_state(model: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
     return state
 
 
-def policy_state(model: list[torch.nn.Module], optimizer: Any, *, steps_done: int) -> dict[str, Any]:
-    """{"model": ..., "optimizer": ..., "scheduler": {"steps_done": n}}. Collective when the
-    optimizer is distributed (every data-parallel rank must call it)."""
+def policy_state(model: list[torch.nn.Module], optimizer: Any) -> dict[str, Any]:
+    """{"model": ..., "optimizer": ...}. Collective when the optimizer is distributed (every
+    data-parallel rank must call it)."""
     optimizers = []
     for sub in _sub_optimizers(optimizer):
         entry: dict[str, Any] = {"state_dict": sub.state_dict()}
@@ -44,15 +44,11 @@ def policy_state(model: list[torch.nn.Module], optimizer: Any, *, steps_done: in
                 sub.get_parameter_state_dp_zero(return_on_all_ranks=True)
             )
         optimizers.append(entry)
-    return {
-        "model": _model_state(model),
-        "optimizer": {"optimizers": optimizers},
-        "scheduler": {"steps_done": steps_done},
-    }
+    return {"model": _model_state(model), "optimizer": {"optimizers": optimizers}}
 
 
-def load_policy_state(model: list[torch.nn.Module], optimizer: Any, state: dict[str, Any]) -> int:
-    """Inverse of `policy_state`; returns the number of optimizer steps done."""
+def load_policy_state(model: list[torch.nn.Module], optimizer: Any, state: dict[str, Any]) -> None:
+    """Inverse of `policy_state`."""
     model_state = state["model"]
     for index, chunk in enumerate(model):
         prefix = f"chunk{index}."
@@ -70,7 +66,6 @@ def load_policy_state(model: list[torch.nn.Module], optimizer: Any, state: dict[
         optimizer.reload_model_params()  # the fp32 main copies follow the loaded weights
     else:
         _load_optimizer_state(optimizer, state["optimizer"]["optimizers"])
-    return int(state.get("scheduler", {}).get("steps_done", 0))
 
 
 def _load_optimizer_state(optimizer: Any, entries: list[dict[str, Any]]) -> None:

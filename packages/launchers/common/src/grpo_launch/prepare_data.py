@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from grpo_trainer.launch.errors import LaunchError
-from grpo_trainer.launch.recipes import RECIPES, DatasetRecipe
+from grpo_launch.errors import LaunchError
+from grpo_launch.recipes import RECIPES, DatasetRecipe
 
 log = structlog.get_logger()
 
@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from grpo_trainer.launch.logging_setup import configure_logging
+    from grpo_launch.logging_setup import configure_logging
 
     args = build_parser().parse_args(_drop_separator(argv))
     configure_logging(level=args.log_level)

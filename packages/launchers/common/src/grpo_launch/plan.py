@@ -12,9 +12,9 @@ from typing import Any, Literal
 import grpo_config
 import grpo_device
 from grpo_config.schema import TrainerConfig
-from grpo_trainer.launch.errors import LaunchError
-from grpo_trainer.launch.profile import DEVICE_KINDS, LaunchProfile, deep_merge
-from grpo_trainer.launch.recipes import RECIPES
+from grpo_launch.errors import LaunchError
+from grpo_launch.profile import DEVICE_KINDS, LaunchProfile, deep_merge
+from grpo_launch.recipes import RECIPES
 
 Preset = Literal["tiny", "full"]
 
@@ -118,9 +118,9 @@ def plan_full(
 def plan_tiny(
     profile: LaunchProfile, *, device: str, output_dir: Path | None, overrides: Sequence[str]
 ) -> LaunchPlan:
-    """The tiny preset: `grpo_trainer.presets.tiny_preset` builds a shrunk model and task under the
+    """The tiny preset: `grpo_launch.presets.tiny_preset` builds a shrunk model and task under the
     output directory; the CLI overrides go over it. The device is the CPU unless chosen explicitly."""
-    from grpo_trainer.presets import tiny_preset  # builds models: imported only when asked for
+    from grpo_launch.presets import tiny_preset  # builds models: imported only when asked for
 
     out = (output_dir or Path("outputs") / f"{profile.launcher.removeprefix('grpo-launch-')}-tiny").absolute()
     base = tiny_preset(out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grpo_trainer.presets import tiny_model, tiny_task
+from grpo_launch.presets import tiny_model, tiny_task
 
 TRAIN_ROWS = 256
 VAL_ROWS = 32
@@ -56,6 +56,8 @@ def tiny_preset(workdir: Path) -> dict[str, Any]:
             "kl_loss_type": "low_var_kl",
         },
         "rollout": {"engine": "hf", "n": 8, "temperature": 1.0, "val_n": 1, "val_temperature": 0.0},
+        # The task's reward travels with the config: the trainer never imports a preset.
+        "reward": {"custom_fn": tiny_task.SCORE_FN},
         "checkpoint": {
             "dir": str(workdir / "checkpoints"),
             "save_freq": 10,

@@ -1,5 +1,6 @@
 """A tiny random-weight Qwen3 and a tokenizer trained on the fly, sized for vLLM's CPU backend
-(attention head_dim 32; 16 is rejected). Used by the vLLM tests and `bench/bench_vllm_rollout.py`."""
+(attention head_dim 32; 16 is rejected). Test code: used by the vLLM tests (this folder's conftest puts
+it on sys.path) and `bench/bench_vllm_rollout.py`."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import structlog
 
 import grpo_device
-from grpo_trainer.launch.errors import LaunchError
-from grpo_trainer.launch.plan import PROXY_VARS, DataPlan, LaunchPlan
-from grpo_trainer.launch.profile import DEVICE_KINDS
+from grpo_launch.errors import LaunchError
+from grpo_launch.plan import PROXY_VARS, DataPlan, LaunchPlan
+from grpo_launch.profile import DEVICE_KINDS
 
 log = structlog.get_logger()
 
@@ -59,7 +59,7 @@ def ensure_data(data: DataPlan) -> None:
         problem = data_problem(data, will_prepare=False)
         assert problem is not None
         raise LaunchError(problem)
-    from grpo_trainer.launch.prepare_data import prepare_dataset  # `python -m` runs that module too
+    from grpo_launch.prepare_data import prepare_dataset  # `python -m` runs that module too
 
     log.info("preparing data", dataset=data.dataset, source=data.source, into=str(data.directory))
     prepare_dataset(data.dataset, output_dir=data.directory, source=data.source)

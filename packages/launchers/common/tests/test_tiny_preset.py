@@ -5,11 +5,13 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 import torch
+from structlog.testing import capture_logs
 
 import grpo_config
-from grpo_trainer.presets import TINY_DATA_SOURCE, tiny_preset
-from grpo_trainer.presets.tiny_task import score
-from grpo_trainer.rewards import RewardManager, get_reward_fn
+from grpo_launch import tiny_preset
+from grpo_launch.presets import TINY_DATA_SOURCE
+from grpo_launch.presets.tiny_task import SCORE_FN, score
+from grpo_trainer.rewards import RewardManager, UnknownDataSourceError, get_reward_fn, load_custom_fn
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +80,16 @@ def test_building_twice_reuses_what_is_there(preset) -> None:
     assert weights.stat().st_mtime_ns == mtime
 
 
-def test_reward_is_registered_and_scores_the_share_of_the_digit() -> None:
-    assert get_reward_fn(TINY_DATA_SOURCE) is score
+def test_reward_travels_in_the_config_not_the_registry(preset) -> None:
+    _, raw = preset
+    assert raw["reward"] == {"custom_fn": "grpo_launch.presets.tiny_task:score"} == {"custom_fn": SCORE_FN}
+    assert grpo_config.load(raw).reward.custom_fn == SCORE_FN
+    assert load_custom_fn(SCORE_FN) is score
+    with pytest.raises(UnknownDataSourceError):  # one mechanism: nothing registered on import
+        get_reward_fn(TINY_DATA_SOURCE)
+
+
+def test_reward_scores_the_share_of_the_digit() -> None:
     assert score("7", "7", None) == 1.0
     assert score(" 7 7 7 ", "7", None) == 1.0
     assert score("7a", "7", None) == 0.5
@@ -87,15 +97,15 @@ def test_reward_is_registered_and_scores_the_share_of_the_digit() -> None:
     assert score("", "7", None) == 0.0
     with pytest.raises(ValueError, match="one character"):
         score("7", "77", None)
-    with RewardManager(timeout_s=10) as manager:  # through a reward worker process, as in training
+    # By the preset's custom_fn string, in a reward worker process (no fallback to a thread), as in
+    # training; custom_fn scores every item whatever its data_source.
+    with capture_logs() as logs, RewardManager(timeout_s=10, custom_fn=SCORE_FN) as manager:
         result = manager.score(
             [
-                {
-                    "solution_str": "3 3x",
-                    "ground_truth": "3",
-                    "data_source": TINY_DATA_SOURCE,
-                    "extra_info": None,
-                }
+                {"solution_str": "3 3x", "ground_truth": "3", "data_source": TINY_DATA_SOURCE},
+                {"solution_str": "5", "ground_truth": "5", "data_source": "elsewhere"},
             ]
         )
-    assert result.scores == [pytest.approx(2 / 3)] and result.n_errors == 0
+    assert result.scores == [pytest.approx(2 / 3), 1.0]
+    assert (result.n_errors, result.n_timeouts, result.n_unknown_source) == (0, 0, 0)
+    assert not [e for e in logs if e["log_level"] == "warning"], logs

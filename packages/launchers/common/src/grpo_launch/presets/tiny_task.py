@@ -5,6 +5,9 @@ score is the share of the response's non-blank characters that are the asked dig
 response), so "7", "77" and "7 7 7" all score 1.0 and "7 a" scores 0.5. It is strictly verifiable and
 dense enough that a random-weight model gets varied, non-zero rewards within a group, which GRPO
 needs before anything can be learned.
+
+The preset's config names `score` as `reward.custom_fn` (`SCORE_FN`), so the trainer loads it by
+that string, in its reward worker processes too; nothing is registered on import.
 """
 
 from __future__ import annotations
@@ -14,14 +17,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from grpo_trainer.rewards import register
-
 DATA_SOURCE = "grpo/tiny"
 DIGITS = "0123456789"
 VERBS = ("repeat", "say", "echo", "copy")
+# The tiny preset's `reward.custom_fn`: `score` below.
+SCORE_FN = "grpo_launch.presets.tiny_task:score"
 
 
-@register(DATA_SOURCE)
 def score(solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None) -> float:
     """Share of non-blank characters of `solution_str` equal to the one-character `ground_truth`."""
     del extra_info

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import structlog
 
-from grpo_trainer.launch.dry_run import render_dry_run
-from grpo_trainer.launch.logging_setup import LOG_LEVELS, configure_logging
-from grpo_trainer.launch.plan import LaunchPlan, device_from_cli, plan_full, plan_tiny
-from grpo_trainer.launch.profile import DEVICE_KINDS, LaunchProfile
-from grpo_trainer.launch.steps import preflight_problems, run_common_steps
+from grpo_launch.dry_run import render_dry_run
+from grpo_launch.logging_setup import LOG_LEVELS, configure_logging
+from grpo_launch.plan import LaunchPlan, device_from_cli, plan_full, plan_tiny
+from grpo_launch.profile import DEVICE_KINDS, LaunchProfile
+from grpo_launch.steps import preflight_problems, run_common_steps
 
 log = structlog.get_logger()
 

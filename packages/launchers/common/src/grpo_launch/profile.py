@@ -11,8 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_device import DeviceKind
+
 # CLI device names -> `grpo_config.DeviceConfig.kind` / `grpo_device.DeviceKind` values.
-DEVICE_KINDS: Mapping[str, str] = {"gpu": "cuda", "npu": "npu", "cpu": "cpu"}
+DEVICE_KINDS: Mapping[str, str] = {
+    "gpu": DeviceKind.CUDA.value,
+    "npu": DeviceKind.NPU.value,
+    "cpu": DeviceKind.CPU.value,
+}
 
 
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,7 +48,7 @@ class LaunchProfile:
 
     launcher: str  # the command name, e.g. "grpo-launch-35b"
     model_id: str  # Hugging Face id, e.g. "Qwen/Qwen3.5-35B-A3B"
-    dataset: str  # a `grpo_trainer.launch.prepare_data` dataset name, e.g. "geo3k"
+    dataset: str  # a `grpo_launch.prepare_data` dataset name, e.g. "geo3k"
     num_experts: int | None  # routed experts per MoE layer; checked against expert parallelism
     common: Mapping[str, Any]
     devices: Mapping[str, DeviceDelta]

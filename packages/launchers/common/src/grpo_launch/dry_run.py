@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 import grpo_config
-from grpo_trainer.launch.plan import PROXY_VARS, LaunchPlan, env_kept
+from grpo_launch.plan import PROXY_VARS, LaunchPlan, env_kept
 
 
 def world_summary(plan: LaunchPlan) -> dict[str, Any]:

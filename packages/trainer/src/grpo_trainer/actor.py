@@ -1,0 +1,112 @@
+"""The policy under training, on one rank: log-prob passes and PPO updates composed from a
+backend's primitives (`protocols.PolicyBackend`), the one batching path (`batching`), the one loss
+(`loss.GRPOLoss`) and the one learning-rate schedule (`lr_schedule`). Backend-independent: the
+torch and Megatron backends run exactly this code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpo_config.schema import TrainerConfig
+from grpo_trainer.batching import (
+    MicroBatch,
+    MicroBatchShape,
+    micro_batches,
+    mini_batch_rows,
+    scatter_rows,
+    take_rows,
+)
+from grpo_trainer.loss import GRPOLoss, LossScale
+from grpo_trainer.lr_schedule import LRSchedule
+from grpo_trainer.protocols import PolicyBackend, PolicyBatch
+
+
+class Actor:
+    def __init__(self, cfg: TrainerConfig, backend: PolicyBackend) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.loss = GRPOLoss.from_config(cfg)
+        self.schedule = LRSchedule(lr=cfg.actor.lr, warmup_steps=cfg.actor.lr_warmup_steps)
+        self.shape = MicroBatchShape.for_config(cfg)
+
+    def _micro_batches(self, batch: PolicyBatch, *, size: int) -> list[MicroBatch]:
+        actor = self.cfg.actor
+        return micro_batches(
+            batch,
+            micro_batch_size=size,
+            max_tokens=actor.ppo_max_token_len_per_device if actor.use_dynamic_bsz else None,
+            shape=self.shape,
+        )
+
+    # -- log-probs --------------------------------------------------------------------------------
+    def log_probs(self, batch: PolicyBatch, *, ref: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """{"log_probs": [B, T]} (and "entropy") of `batch` under the policy or, with `ref`, the
+        frozen reference, float32 on the CPU, in the batch's row order."""
+        size = self.cfg.actor.log_prob_micro_batch_size_per_device
+        if ref:
+            size = self.cfg.ref.log_prob_micro_batch_size_per_device or size
+        micros = self._micro_batches(batch, size=size)
+        outputs = self.backend.log_probs([m.batch for m in micros], ref=ref, with_entropy=with_entropy)
+        rows, width = batch.input_ids.shape
+        keys = ["log_probs", *(["entropy"] if with_entropy else [])]
+        return {
+            key: scatter_rows(
+                [(m.rows, out[key]) for m, out in zip(micros, outputs, strict=True)], num_rows=rows, width=width
+            )
+            for key in keys
+        }
+
+    # -- update -----------------------------------------------------------------------------------
+    def update(self, batch: PolicyBatch, *, num_mini_batches: int, ppo_epochs: int) -> dict[str, float]:
+        """`ppo_epochs` passes over this rank's rows, split into `num_mini_batches` consecutive
+        blocks (its slices of the step's mini-batches), one optimizer step each. Returns the
+        metrics averaged over the steps, the same on every rank."""
+        blocks = mini_batch_rows(batch.input_ids.shape[0], num_mini_batches)
+        sums: dict[str, float] = {}
+        for _ in range(ppo_epochs):
+            for rows in blocks:
+                for name, value in self.update_mini_batch(take_rows(batch, rows)).items():
+                    sums[name] = sums.get(name, 0.0) + value
+        updates = ppo_epochs * len(blocks)
+        return {name: value / updates for name, value in sums.items()}
+
+    def update_mini_batch(self, mini: PolicyBatch) -> dict[str, float]:
+        """One optimizer step on this rank's share of a mini-batch."""
+        if mini.advantages is None or mini.old_log_probs is None:
+            raise ValueError("an update needs the batch's advantages and old_log_probs")
+        if self.loss.uses_reference and mini.ref_log_probs is None:
+            raise ValueError("actor.use_kl_loss=true but the batch has no ref_log_probs")
+        micros = [m.batch for m in self._micro_batches(mini, size=self.cfg.actor.ppo_micro_batch_size_per_device)]
+        backend = self.backend
+        scale = LossScale.of(
+            (m.response_mask for m in micros), dp_size=backend.dp_size, all_reduce_sum=backend.data_parallel_sum
+        )
+
+        def loss_fn(index: int, log_probs: torch.Tensor, entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.loss.loss(log_probs=log_probs, entropy=entropy, micro=micros[index], scale=scale)
+
+        sums = backend.forward_backward(
+            micros,
+            loss_fn,
+            num_metrics=len(self.loss.metric_names),
+            entropy_requires_grad=self.loss.entropy_requires_grad,
+        )
+        sums = backend.data_parallel_sum(sums)
+        lr = self.schedule.lr
+        step = backend.optimizer_step(lr=lr)
+        if step.stepped:
+            self.schedule.step()
+        metrics = self.loss.metrics(dict(zip(self.loss.metric_names, sums.tolist(), strict=True)), scale)
+        metrics.update(grad_norm=step.grad_norm, lr=lr, step_skipped=float(not step.stepped))
+        return metrics
+
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.backend.state_dict(), "scheduler": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.backend.load_state_dict({k: v for k, v in state.items() if k != "scheduler"})
+        if "scheduler" in state:
+            self.schedule.load_state_dict(state["scheduler"])

@@ -1,0 +1,196 @@
+"""The one batching path: rollouts -> a padded policy batch -> rows per data-parallel rank ->
+mini-batches -> micro-batches, and the micro-batches' outputs back into batch order. Both policy
+backends receive the micro-batches made here and nothing else.
+
+Row layout (right-padded): `prompt + response + pad`; `response_mask` covers the response tokens
+(EOS included when generated). Mini-batches are consecutive blocks of the step's sequences (whole
+groups when `ppo_mini_batch_size` counts prompts); each mini-batch is split evenly over the
+data-parallel ranks, so every rank holds the same number of mini-batches, of equal size.
+
+Micro-batches hold either a fixed number of rows or, with a token budget (`use_dynamic_bsz`), as
+many rows (longest first) as fit `rows x longest row <= budget`. Each micro-batch is cut to its own
+longest row, except where the backend's parallel layout needs otherwise (`MicroBatchShape`):
+pipeline stages exchange one fixed shape, sequence parallelism needs a length divisible by TP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from grpo_config.schema import TrainerConfig
+from grpo_trainer.protocols import PolicyBatch
+
+
+def pad_rows(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    rollout_log_probs: Sequence[Sequence[float]] | None = None,
+) -> PolicyBatch:
+    """Right-padded `PolicyBatch` of `prompt_i + response_i` rows (no advantages yet)."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    width = max((len(p) + len(r) for p, r in zip(prompts, responses, strict=True)), default=1)
+    rows = len(prompts)
+    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((rows, width), dtype=torch.long)
+    response_mask = torch.zeros((rows, width), dtype=torch.float32)
+    rollout_lp = torch.zeros((rows, width), dtype=torch.float32)
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        p, r = len(prompt), len(response)
+        input_ids[i, : p + r] = torch.tensor([*prompt, *response], dtype=torch.long)
+        attention_mask[i, : p + r] = 1
+        response_mask[i, p : p + r] = 1.0
+        if rollout_log_probs is not None:
+            rollout_lp[i, p : p + r] = torch.tensor(rollout_log_probs[i], dtype=torch.float32)
+    extra = {} if rollout_log_probs is None else {"rollout_log_probs": rollout_lp}
+    return PolicyBatch(
+        input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, extra=extra
+    )
+
+
+def dp_row_split(num_rows: int, *, num_mini_batches: int, dp_size: int) -> list[list[int]]:
+    """Row indices per data-parallel rank: mini-batch m (rows [m*M, (m+1)*M)) gives rank r its r-th
+    slice; a rank's rows are its slices of mini-batch 0, 1, ... in order."""
+    if num_mini_batches < 1 or dp_size < 1:
+        raise ValueError(f"need num_mini_batches >= 1 and dp_size >= 1, got {num_mini_batches}, {dp_size}")
+    if num_rows % (num_mini_batches * dp_size):
+        raise ValueError(
+            f"{num_rows} sequences do not split into {num_mini_batches} mini-batches x {dp_size} ranks; "
+            "make data.train_batch_size * rollout.n divisible by (mini-batches x data-parallel size)"
+        )
+    mini = num_rows // num_mini_batches
+    per_rank = mini // dp_size
+    return [
+        [m * mini + r * per_rank + j for m in range(num_mini_batches) for j in range(per_rank)]
+        for r in range(dp_size)
+    ]
+
+
+def mini_batch_rows(num_rows: int, num_mini_batches: int) -> list[list[int]]:
+    """A rank's rows as `num_mini_batches` consecutive equal blocks (its slice of each mini-batch)."""
+    if num_mini_batches < 1 or num_rows % num_mini_batches:
+        raise ValueError(f"{num_rows} local rows do not split into {num_mini_batches} mini-batches")
+    per = num_rows // num_mini_batches
+    return [list(range(m * per, (m + 1) * per)) for m in range(num_mini_batches)]
+
+
+def take_rows(
+    batch: PolicyBatch, rows: Sequence[int], *, width: int | None = None, multiple: int = 1
+) -> PolicyBatch:
+    """Rows `rows` of `batch` (every per-row and per-token tensor, extras included), cut to `width`
+    columns (default: the longest selected row) and right-padded with zeros to a multiple of
+    `multiple`."""
+    index = torch.tensor(list(rows), dtype=torch.long)
+    if width is None:
+        width = max(int(batch.attention_mask.index_select(0, index).sum(dim=-1).max().item()), 1) if rows else 1
+    pad = -width % multiple
+
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        t = t.index_select(0, index.to(t.device))
+        if t.dim() != 2:
+            return t
+        t = t[:, :width]
+        return torch.nn.functional.pad(t, (0, pad)) if pad else t
+
+    return PolicyBatch(
+        input_ids=pick(batch.input_ids),
+        attention_mask=pick(batch.attention_mask),
+        response_mask=pick(batch.response_mask),
+        advantages=pick(batch.advantages),
+        old_log_probs=pick(batch.old_log_probs),
+        ref_log_probs=pick(batch.ref_log_probs),
+        extra={k: pick(v) if isinstance(v, torch.Tensor) else v for k, v in batch.extra.items()},
+    )
+
+
+def row_lengths(batch: PolicyBatch) -> list[int]:
+    return [int(n) for n in batch.attention_mask.sum(dim=-1).tolist()]
+
+
+def plan_micro_batches(lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | None) -> list[list[int]]:
+    """Row indices of each micro-batch: consecutive chunks of `micro_batch_size` rows, or with
+    `max_tokens`, rows (longest first, so that similar lengths share a micro-batch) packed while
+    rows x longest row <= max_tokens; a row longer than the budget gets a micro-batch of its own.
+    Deterministic for equal inputs."""
+    if max_tokens is None:
+        if micro_batch_size < 1:
+            raise ValueError(f"micro-batch size must be >= 1, got {micro_batch_size}")
+        return [
+            list(range(start, min(start + micro_batch_size, len(lengths))))
+            for start in range(0, len(lengths), micro_batch_size)
+        ]
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        width = max(longest, lengths[index])
+        if current and width * (len(current) + 1) > max_tokens:
+            groups.append(current)
+            current, width = [], lengths[index]
+        current.append(index)
+        longest = width
+    if current:
+        groups.append(current)
+    return groups
+
+
+@dataclass(frozen=True, kw_only=True)
+class MicroBatchShape:
+    """What the policy's parallel layout asks of micro-batch shapes. `same_width`: every micro-batch
+    padded to the longest row of the batch (pipeline stages exchange one fixed activation shape);
+    `multiple`: lengths rounded up to a multiple (sequence parallelism splits the sequence over TP)."""
+
+    same_width: bool = False
+    multiple: int = 1
+
+    @classmethod
+    def for_config(cls, cfg: TrainerConfig) -> MicroBatchShape:
+        if cfg.actor.backend != "megatron":
+            return cls()
+        par = cfg.parallel
+        return cls(same_width=par.pp > 1, multiple=par.tp if par.sequence_parallel else 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MicroBatch:
+    rows: list[int]  # indices into the batch it was cut from
+    batch: PolicyBatch
+
+
+def micro_batches(
+    batch: PolicyBatch,
+    *,
+    micro_batch_size: int,
+    max_tokens: int | None,
+    shape: MicroBatchShape = MicroBatchShape(),
+) -> list[MicroBatch]:
+    """`batch` cut into micro-batches (see `plan_micro_batches` and `MicroBatchShape`)."""
+    lengths = row_lengths(batch)
+    groups = plan_micro_batches(lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+    batch_width = max(max(lengths, default=1), 1)
+    out = []
+    for group in groups:
+        width = batch_width if shape.same_width else max(max(lengths[i] for i in group), 1)
+        out.append(MicroBatch(rows=group, batch=take_rows(batch, group, width=width, multiple=shape.multiple)))
+    return out
+
+
+def scatter_rows(
+    parts: Sequence[tuple[Sequence[int], torch.Tensor]], *, num_rows: int, width: int
+) -> torch.Tensor:
+    """A float32 `[num_rows, width]` tensor with each part's `[len(rows), w]` values written at its
+    rows (columns beyond `width` dropped, missing ones zero): micro-batch outputs in batch order."""
+    out = torch.zeros(num_rows, width, dtype=torch.float32)
+    for rows, values in parts:
+        cols = min(width, values.shape[1])
+        out[torch.tensor(list(rows), dtype=torch.long), :cols] = values[:, :cols].float().cpu()
+    return out

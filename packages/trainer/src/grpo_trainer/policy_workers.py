@@ -1,0 +1,160 @@
+"""The driver's typed facade over the Ray workers (`worker.PolicyWorker`, one per rank): one method
+per phase of the step, typed arguments and results, each phase under its own `timeouts.*` limit.
+The string RPC of `worker_group` stays in here.
+
+Rows reach the ranks by data-parallel position: `shards[d]` (rows of the step's batch) goes to
+every rank whose data-parallel rank is d (model-parallel ranks of one group share their rows) and
+per-row results come back from one rank per group, in the batch's row order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_config.schema import TrainerConfig
+from grpo_trainer.batching import scatter_rows, take_rows
+from grpo_trainer.devices import resolve_device_kind
+from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
+from grpo_trainer.worker import PolicyWorker
+from grpo_trainer.worker_group import WorkerGroup
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumedState:
+    path: Path
+    trainer_state: dict[str, Any]
+    dataloader_state: dict[str, Any] | None
+
+
+class PolicyWorkers:
+    def __init__(self, cfg: TrainerConfig) -> None:
+        from grpo_device import ray_resource_name
+
+        self.cfg = cfg
+        self.world_size = cfg.device.nnodes * cfg.device.devices_per_node
+        resource = ray_resource_name(resolve_device_kind(cfg))
+        cpus = max(1, (os.cpu_count() or 1) // self.world_size) if resource is None else 1
+        self._group = WorkerGroup(
+            PolicyWorker,
+            world_size=self.world_size,
+            resource=resource,
+            cpus_per_worker=cpus,
+            cfg=cfg,
+            num_threads=cpus,
+        )
+        addr, port = self._group.call_rank(
+            0, "rendezvous_address", timeout_s=cfg.timeouts.setup_s, timeout_setting="timeouts.setup_s"
+        )
+        ready = self._call("setup", "setup_s", master_addr=addr, master_port=port)
+        self.dp_size: int = ready[0]["dp_size"]
+        self.dp_rank_of: list[int] = [info["dp_rank"] for info in ready]  # by worker rank
+
+    def _call(
+        self,
+        method: str,
+        timeout: str,
+        *,
+        args_per_rank: Sequence[tuple[tuple[Any, ...], dict[str, Any]]] | None = None,
+        on_done: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        return self._group.call(
+            method,
+            args_per_rank=args_per_rank,
+            timeout_s=getattr(self.cfg.timeouts, timeout),
+            timeout_setting=f"timeouts.{timeout}",
+            on_done=on_done,
+            **kwargs,
+        )
+
+    def _per_dp_rank(self, batch: PolicyBatch, shards: Sequence[Sequence[int]]) -> list[tuple[tuple[Any, ...], dict]]:
+        """Each data-parallel group's rows, stored once in Ray's object store, as per-rank args."""
+        import ray
+
+        if len(shards) != self.dp_size:
+            raise ValueError(f"{len(shards)} row shards for {self.dp_size} data-parallel ranks")
+        refs = [ray.put(take_rows(batch, rows)) for rows in shards]
+        return [((refs[d],), {}) for d in self.dp_rank_of]
+
+    def _one_per_dp_rank(self, results: list[Any]) -> list[Any]:
+        first: dict[int, Any] = {}
+        for rank, dp_rank in enumerate(self.dp_rank_of):
+            first.setdefault(dp_rank, results[rank])
+        return [first[d] for d in range(self.dp_size)]
+
+    # -- rollout ----------------------------------------------------------------------------------
+    def rollout_wake(self) -> None:
+        self._call("rollout_wake", "weight_sync_s")
+
+    def rollout_sleep(self) -> None:
+        self._call("rollout_sleep", "weight_sync_s")
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[Sequence[int]]],
+        params: Sequence[SamplingParams],
+        *,
+        on_done: Callable[[int], None] | None = None,
+    ) -> list[list[Generation]]:
+        """Rank r samples `params[r]` for `prompts[r]`; generations per rank, grouped by prompt."""
+        return self._call(
+            "generate",
+            "generate_s",
+            args_per_rank=[((list(p), sp), {}) for p, sp in zip(prompts, params, strict=True)],
+            on_done=on_done,
+        )
+
+    def sync_weights(self) -> None:
+        self._call("sync_weights", "weight_sync_s")
+
+    # -- policy -----------------------------------------------------------------------------------
+    def log_probs(self, batch: PolicyBatch, shards: Sequence[Sequence[int]], *, ref: bool = False) -> torch.Tensor:
+        """[B, T] log-probs of `batch` under the policy (or, with `ref`, the reference)."""
+        results = self._call("log_probs", "log_probs_s", args_per_rank=self._per_dp_rank(batch, shards), ref=ref)
+        rows, width = batch.input_ids.shape
+        parts = list(zip(shards, self._one_per_dp_rank(results), strict=True))
+        return scatter_rows(parts, num_rows=rows, width=width)
+
+    def update(
+        self, batch: PolicyBatch, shards: Sequence[Sequence[int]], *, num_mini_batches: int, ppo_epochs: int
+    ) -> dict[str, float]:
+        """`ppo_epochs` x `num_mini_batches` optimizer steps; the metrics (the same on every rank)."""
+        results = self._call(
+            "update",
+            "update_s",
+            args_per_rank=self._per_dp_rank(batch, shards),
+            num_mini_batches=num_mini_batches,
+            ppo_epochs=ppo_epochs,
+        )
+        return results[0]
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save(self, step: int, *, trainer_state: dict[str, Any], dataloader_state: dict[str, Any]) -> Path:
+        paths = self._call(
+            "save_checkpoint",
+            "checkpoint_s",
+            step=step,
+            trainer_state=trainer_state,
+            dataloader_state=dataloader_state,
+        )
+        return Path(paths[0])
+
+    def load(self, path: Path) -> ResumedState:
+        state = self._call("load_checkpoint", "checkpoint_s", path=str(path))[0]
+        return ResumedState(
+            path=path, trainer_state=state["trainer_state"], dataloader_state=state["dataloader_state"]
+        )
+
+    def export_hf(self, path: Path, *, strict: bool) -> dict[str, Any]:
+        """HF weights and tokenizer under `path`; the export report (expected vs written keys)."""
+        reports = self._call("export_hf", "checkpoint_s", path=str(path), strict=strict)
+        return next(r for r in reports if r is not None)
+
+    def close(self) -> None:
+        self._group.kill()
