@@ -8,17 +8,21 @@ import sys
 import grpo_trainer
 
 EXPECTED = [
+    "Actor",
+    "GRPOLoss",
     "Generation",
     "HFRolloutEngine",
     "MetricsLogger",
     "PolicyBackend",
     "PolicyBatch",
+    "PolicyWorkers",
     "RolloutEngine",
     "SamplingParams",
     "TorchBackend",
     "TrainResult",
     "WorkerError",
     "WorkerGroup",
+    "WorkerTimeoutError",
     "__version__",
     "make_backend",
     "make_rollout_engine",

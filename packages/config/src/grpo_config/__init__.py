@@ -19,6 +19,7 @@ from grpo_config.schema import (
     RefConfig,
     RewardConfig,
     RolloutConfig,
+    TimeoutsConfig,
     TrainerConfig,
 )
 from grpo_config.serialize import to_dict, to_yaml
@@ -38,6 +39,7 @@ __all__ = [
     "RefConfig",
     "RewardConfig",
     "RolloutConfig",
+    "TimeoutsConfig",
     "TrainerConfig",
     "__version__",
     "load",

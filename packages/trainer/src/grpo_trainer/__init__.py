@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 from grpo_trainer.version import __version__
 
 if TYPE_CHECKING:
+    from grpo_trainer.actor import Actor
     from grpo_trainer.backends import make_backend
     from grpo_trainer.backends.torch_backend import TorchBackend
+    from grpo_trainer.loss import GRPOLoss
     from grpo_trainer.metrics import MetricsLogger, plot_metrics, read_metrics
+    from grpo_trainer.policy_workers import PolicyWorkers
     from grpo_trainer.protocols import (
         Generation,
         PolicyBackend,
@@ -25,20 +28,24 @@ if TYPE_CHECKING:
     )
     from grpo_trainer.rollout import HFRolloutEngine, make_rollout_engine
     from grpo_trainer.trainer import TrainResult, train
-    from grpo_trainer.worker_group import WorkerError, WorkerGroup
+    from grpo_trainer.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError
 
 _EXPORTS = {
+    "Actor": "grpo_trainer.actor",
+    "GRPOLoss": "grpo_trainer.loss",
     "Generation": "grpo_trainer.protocols",
     "HFRolloutEngine": "grpo_trainer.rollout",
     "MetricsLogger": "grpo_trainer.metrics",
     "PolicyBackend": "grpo_trainer.protocols",
     "PolicyBatch": "grpo_trainer.protocols",
+    "PolicyWorkers": "grpo_trainer.policy_workers",
     "RolloutEngine": "grpo_trainer.protocols",
     "SamplingParams": "grpo_trainer.protocols",
     "TorchBackend": "grpo_trainer.backends.torch_backend",
     "TrainResult": "grpo_trainer.trainer",
     "WorkerError": "grpo_trainer.worker_group",
     "WorkerGroup": "grpo_trainer.worker_group",
+    "WorkerTimeoutError": "grpo_trainer.worker_group",
     "make_backend": "grpo_trainer.backends",
     "make_rollout_engine": "grpo_trainer.rollout",
     "plot_metrics": "grpo_trainer.metrics",
@@ -47,17 +54,21 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Actor",
+    "GRPOLoss",
     "Generation",
     "HFRolloutEngine",
     "MetricsLogger",
     "PolicyBackend",
     "PolicyBatch",
+    "PolicyWorkers",
     "RolloutEngine",
     "SamplingParams",
     "TorchBackend",
     "TrainResult",
     "WorkerError",
     "WorkerGroup",
+    "WorkerTimeoutError",
     "__version__",
     "make_backend",
     "make_rollout_engine",

@@ -44,6 +44,8 @@ class Actor:
     def log_probs(self, batch: PolicyBatch, *, ref: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         """{"log_probs": [B, T]} (and "entropy") of `batch` under the policy or, with `ref`, the
         frozen reference, float32 on the CPU, in the batch's row order."""
+        if ref and not self.loss.uses_reference:
+            raise ValueError("no reference model: it is only built when actor.use_kl_loss=true")
         size = self.cfg.actor.log_prob_micro_batch_size_per_device
         if ref:
             size = self.cfg.ref.log_prob_micro_batch_size_per_device or size
@@ -83,17 +85,7 @@ class Actor:
         scale = LossScale.of(
             (m.response_mask for m in micros), dp_size=backend.dp_size, all_reduce_sum=backend.data_parallel_sum
         )
-
-        def loss_fn(index: int, log_probs: torch.Tensor, entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return self.loss.loss(log_probs=log_probs, entropy=entropy, micro=micros[index], scale=scale)
-
-        sums = backend.forward_backward(
-            micros,
-            loss_fn,
-            num_metrics=len(self.loss.metric_names),
-            entropy_requires_grad=self.loss.entropy_requires_grad,
-        )
-        sums = backend.data_parallel_sum(sums)
+        sums = backend.data_parallel_sum(backend.forward_backward(micros, self.loss.over(micros, scale)))
         lr = self.schedule.lr
         step = backend.optimizer_step(lr=lr)
         if step.stepped:

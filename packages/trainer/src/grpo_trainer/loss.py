@@ -13,7 +13,7 @@ response-length budget, never by a padded width that changes with the micro-batc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -172,6 +172,11 @@ class GRPOLoss:
         sums = torch.stack([values[name].detach().float() for name in METRIC_NAMES])
         return loss, sums
 
+    def over(self, micros: Sequence[PolicyBatch], scale: LossScale) -> MiniBatchLoss:
+        """This loss on the micro-batches of one mini-batch, in the form backends call
+        (`protocols.MicroLoss`)."""
+        return MiniBatchLoss(self, micros, scale)
+
     def metrics(self, sums: Mapping[str, float], scale: LossScale) -> dict[str, float]:
         """Mini-batch metrics from `sums` (summed over micro-batches and data-parallel ranks)."""
         out = {name: float(sums[name]) / scale.dp_size for name in LOSS_METRICS}
@@ -180,3 +185,18 @@ class GRPOLoss:
             out.pop("kl_loss")
             out.pop("kl")
         return out
+
+
+class MiniBatchLoss:
+    """`GRPOLoss` bound to one mini-batch's micro-batches and scale (`protocols.MicroLoss`)."""
+
+    num_metrics = len(METRIC_NAMES)
+
+    def __init__(self, loss: GRPOLoss, micros: Sequence[PolicyBatch], scale: LossScale) -> None:
+        self._loss = loss
+        self._micros = micros
+        self.scale = scale
+        self.entropy_requires_grad = loss.entropy_requires_grad
+
+    def __call__(self, index: int, log_probs: torch.Tensor, entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._loss.loss(log_probs=log_probs, entropy=entropy, micro=self._micros[index], scale=self.scale)

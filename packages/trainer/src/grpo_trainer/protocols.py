@@ -3,7 +3,7 @@ rollout engines in `grpo_trainer.rollout`, policy backends in `grpo_trainer.back
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -60,6 +60,10 @@ class PolicyBatch:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# Per-token outputs of one micro-batch: {"log_probs": [B, T], "entropy": [B, T]}.
+TokenOutputs = dict[str, torch.Tensor]
+
+
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
     """What one optimizer step did: `stepped` is False when it was skipped (non-finite gradients)."""
@@ -68,10 +72,19 @@ class StepResult:
     grad_norm: float
 
 
-# A micro-batch's loss: (its index in the list handed to `forward_backward`, the policy's per-token
-# log-probs [B, T] and entropy [B, T], both with gradient) -> (the loss to back-propagate, a 1-D
-# tensor of metric sums). Written once, in `grpo_trainer.loss`; backends only call it.
-MicroLossFn = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+class MicroLoss(Protocol):
+    """A micro-batch's loss, written once in `grpo_trainer.loss`; backends only call it:
+    (the micro-batch's index in the list handed to `forward_backward`, the policy's per-token
+    log-probs [B, T] and entropy [B, T], both with gradient) -> (the loss to back-propagate, a 1-D
+    tensor of `num_metrics` metric sums). Entropy needs a gradient only when
+    `entropy_requires_grad`."""
+
+    num_metrics: int
+    entropy_requires_grad: bool
+
+    def __call__(
+        self, index: int, log_probs: torch.Tensor, entropy: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @runtime_checkable
@@ -92,24 +105,17 @@ class PolicyBackend(Protocol):
         """`values` summed over the data-parallel ranks (a new CPU float64 tensor)."""
         ...
 
-    def log_probs(
-        self, micros: Sequence[PolicyBatch], *, ref: bool = False, with_entropy: bool = False
-    ) -> list[dict[str, torch.Tensor]]:
+    def log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
         """Per micro-batch, {"log_probs": [B, T]} (and "entropy" when asked), float32 on the CPU,
-        without gradient, under the policy or, with `ref`, the frozen reference policy."""
+        without gradient, under the policy or, with `ref`, the frozen reference policy (built only
+        when actor.use_kl_loss)."""
         ...
 
-    def forward_backward(
-        self,
-        micros: Sequence[PolicyBatch],
-        loss_fn: MicroLossFn,
-        *,
-        num_metrics: int,
-        entropy_requires_grad: bool,
-    ) -> torch.Tensor:
+    def forward_backward(self, micros: Sequence[PolicyBatch], loss_fn: MicroLoss) -> torch.Tensor:
         """Zero the gradients, then for each micro-batch: forward, `loss_fn`, backward (gradients
         accumulate; data-parallel reduction once, after the last). Returns the metric sums of all
-        micro-batches (`[num_metrics]` float64 on the CPU, the same on every model-parallel rank)."""
+        micro-batches (`[loss_fn.num_metrics]` float64 on the CPU, the same on every model-parallel
+        rank)."""
         ...
 
     def optimizer_step(self, *, lr: float) -> StepResult:

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from grpo_config.schema import TrainerConfig
 from grpo_trainer.backends.hf_model import autocast_context, load_causal_lm, token_log_probs
-from grpo_trainer.protocols import MicroLossFn, PolicyBatch, StepResult
+from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
 
 log = structlog.get_logger()
 
@@ -84,11 +84,7 @@ class TorchBackend:
             )
 
     @torch.no_grad()
-    def log_probs(
-        self, micros: Sequence[PolicyBatch], *, ref: bool = False, with_entropy: bool = False
-    ) -> list[dict[str, torch.Tensor]]:
-        if ref and self.ref_module is None:
-            raise ValueError("no reference model: it is only built when actor.use_kl_loss=true")
+    def log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
         module = self.ref_module if ref else self.module
         assert module is not None
         was_training = module.training
@@ -108,17 +104,10 @@ class TorchBackend:
         return outputs
 
     # -- training ---------------------------------------------------------------------------------
-    def forward_backward(
-        self,
-        micros: Sequence[PolicyBatch],
-        loss_fn: MicroLossFn,
-        *,
-        num_metrics: int,
-        entropy_requires_grad: bool,
-    ) -> torch.Tensor:
-        del entropy_requires_grad  # the HF forward computes entropy from the same logits either way
+    def forward_backward(self, micros: Sequence[PolicyBatch], loss_fn: MicroLoss) -> torch.Tensor:
+        # The HF forward computes entropy from the same logits whether it needs a gradient or not.
         self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(num_metrics, dtype=torch.float64)
+        sums = torch.zeros(loss_fn.num_metrics, dtype=torch.float64)
         for index, micro in enumerate(micros):
             last = index == len(micros) - 1
             # DDP all-reduces gradients once, after the last micro-batch's backward.

@@ -33,7 +33,7 @@ from grpo_trainer.backends.megatron.imports import import_megatron_stack
 from grpo_trainer.backends.megatron.state import load_policy_state, policy_state
 from grpo_trainer.backends.megatron.vocab_parallel import vocab_parallel_log_probs
 from grpo_trainer.devices import resolve_device_kind
-from grpo_trainer.protocols import MicroLossFn, PolicyBatch, StepResult
+from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
 
 log = structlog.get_logger()
 
@@ -138,12 +138,10 @@ class MegatronBackend:
 
     # -- log-probs ----------------------------------------------------------------------------------
     @torch.no_grad()
-    def log_probs(
-        self, micros: Sequence[PolicyBatch], *, ref: bool = False, with_entropy: bool = False
-    ) -> list[dict[str, torch.Tensor]]:
-        if ref and self.ref is None:
-            raise ValueError("no reference model: it is only built when actor.use_kl_loss=true")
-        model = self.ref.model if ref and self.ref is not None else self.model
+    def log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
+        built = self.ref if ref else self.policy
+        assert built is not None, "the reference model is built only when actor.use_kl_loss=true"
+        model = built.model
         if not micros:
             return []
 
@@ -180,19 +178,12 @@ class MegatronBackend:
         return on_device
 
     # -- training -----------------------------------------------------------------------------------
-    def forward_backward(
-        self,
-        micros: Sequence[PolicyBatch],
-        loss_fn: MicroLossFn,
-        *,
-        num_metrics: int,
-        entropy_requires_grad: bool,
-    ) -> torch.Tensor:
+    def forward_backward(self, micros: Sequence[PolicyBatch], loss_fn: MicroLoss) -> torch.Tensor:
         count = len(micros)
 
         def step_loss(index: int, micro: PolicyBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             log_probs, entropy = self._token_log_probs(
-                micro, logits, with_entropy=True, entropy_grad=entropy_requires_grad
+                micro, logits, with_entropy=True, entropy_grad=loss_fn.entropy_requires_grad
             )
             loss, metrics = loss_fn(index, log_probs, entropy)
             return loss * count, {"metrics": metrics}
@@ -201,7 +192,7 @@ class MegatronBackend:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         outputs = self._run(self.model, micros, step_loss, forward_only=False)
-        sums = torch.zeros(num_metrics, dtype=torch.float64, device=self.device)
+        sums = torch.zeros(loss_fn.num_metrics, dtype=torch.float64, device=self.device)
         if self._last_stage():
             for out in outputs:
                 sums += out["metrics"].to(self.device, torch.float64)

@@ -173,11 +173,8 @@ def build_policy(
         layers=provider.num_layers,
         experts=provider.num_moe_experts,
         transformer_impl=megatron.transformer_impl,
-        tp=layout.tp,
-        pp=layout.pp,
-        ep=layout.ep,
-        dp=layout.dp,
         params=sum(p.numel() for chunk in model for p in chunk.parameters()),
+        **dataclasses.asdict(layout),
     )
     return BuiltPolicy(bridge=bridge, provider=provider, model=model, layout=layout)
 
