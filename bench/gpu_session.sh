@@ -29,7 +29,7 @@ for part in "$@"; do
         | tee "$OUT/allocator.log" || status=1 ;;
     tests|tests=*)
       expr=${part#tests}; expr=${expr#=}
-      timeout 240 python3 -m pytest -p no:cacheprovider -q -rs -s ${expr:+-k "$expr"} \
+      timeout 420 python3 -m pytest -p no:cacheprovider -q -rs -s ${expr:+-k "$expr"} \
         packages/trainer/tests/megatron/test_megatron_gpu.py 2>&1 \
         | grep -v -e "Loading weights" -e "Writing model" -e "Warning:" -e "warnings.warn" | tee "$OUT/megatron_gpu_tests.log" | tail -n 30 || status=1 ;;
     train|train=*)

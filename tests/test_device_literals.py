@@ -2,8 +2,10 @@
 
 Every `packages/*/src/**/*.py` and `packages/launchers/*/src/**/*.py` outside grpo_device is parsed
 (`ast`, so comments and docstrings never count) and may not contain:
-- the string literals "cuda", "npu" (also as "cuda:0" / "npu:1"), "nccl", "hccl", or the
-  visible-devices variable names CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES;
+- the string literals "cuda" (also as "cuda:0"), "npu:1", "nccl", "hccl", or the visible-devices
+  variable names CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES. A bare "npu" is allowed: like
+  "gpu" and "cpu" it is the user-facing name of a device on the command line and in the launchers'
+  per-device profiles, not a torch device string (those are built by `grpo_device.torch_device`);
 - `torch.cuda` / `torch.npu` (any attribute chain through them), `import torch_npu`,
   `from torch import cuda`, `from torch.cuda import ...`, `.cuda()` / `.npu()` calls.
 Use grpo_device instead: `DeviceKind`, `torch_device`, `current_device`, `set_device`,
@@ -32,7 +34,7 @@ SOURCES = sorted(
     if not path.is_relative_to(DEVICE_PACKAGE)
 )
 
-DEVICE_STRING = re.compile(r"(?:cuda|npu)(?::\d*)?|nccl|hccl|CUDA_VISIBLE_DEVICES|ASCEND_RT_VISIBLE_DEVICES")
+DEVICE_STRING = re.compile(r"cuda(?::\d*)?|npu:\d*|nccl|hccl|CUDA_VISIBLE_DEVICES|ASCEND_RT_VISIBLE_DEVICES")
 DEVICE_MODULES = {"cuda", "npu"}
 
 EXEMPT_FILE = ROOT / "packages" / "config" / "src" / "grpo_config" / "schema.py"

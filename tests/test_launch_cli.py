@@ -340,7 +340,7 @@ def test_full_run_does_the_common_steps_then_trains(
     without overriding the user's value."""
     import datasets
 
-    import grpo_trainer
+    import grpo_trainer.trainer
 
     model = tmp_path / "model"
     model.mkdir()
