@@ -82,9 +82,15 @@ def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
         "actor/pg_loss",
         "actor/entropy",
         "response_length/mean",
-        "timing/step_s",
+        *(
+            f"timing/{phase}_s"
+            for phase in ("generate", "reward", "advantages", "old_log_probs", "ref_log_probs", "update", "weight_sync", "step")
+        ),
     ):
         assert key in records[1], key
+    # Saves at steps 2, 4, 6 and validation at 3, 6: their times are in those steps' records only.
+    assert {s for s, r in records.items() if "timing/save_s" in r} == {2, 4, 6}
+    assert {s for s, r in records.items() if "timing/validate_s" in r} == {3, 6}
     assert records[1]["rollout/logprob_abs_diff"] < 1e-3  # engine and trainer agree on log-probs
     assert {s for s, r in records.items() if "val/reward_mean" in r} == {3, 6}
     assert result.plot_path is not None and result.plot_path.read_bytes()[:4] == b"\x89PNG"

@@ -30,9 +30,8 @@ PLOT_PANELS = (
 
 
 class MetricsLogger:
-    """Appends JSON objects to `<dir>/metrics.jsonl`, one or more per step (resumed runs keep
-    appending; readers merge a step's records, later values winning) and mirrors scalars to
-    TensorBoard."""
+    """Appends one JSON object per step to `<dir>/metrics.jsonl` (resumed runs keep appending and
+    readers keep the last record of a step) and mirrors scalars to TensorBoard."""
 
     def __init__(self, directory: Path, *, console: bool, jsonl: bool, tensorboard: bool) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -69,14 +68,14 @@ class MetricsLogger:
 
 
 def read_metrics(path: Path) -> dict[int, dict[str, float]]:
-    """step -> metrics from a JSONL file (a step's records merged, later values winning)."""
+    """step -> metrics from a JSONL file (the last record of a step wins)."""
     records: dict[int, dict[str, float]] = {}
     if not path.exists():
         return records
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             row: dict[str, Any] = json.loads(line)
-            records.setdefault(int(row.pop("step")), {}).update(row)
+            records[int(row.pop("step"))] = row
     return dict(sorted(records.items()))
 
 

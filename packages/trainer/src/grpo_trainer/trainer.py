@@ -286,12 +286,14 @@ def train(cfg: TrainerConfig) -> TrainResult:
                 if cfg.test_freq > 0 and _is_due(run.step, cfg.test_freq, run.total_steps):
                     with timer("validate"):
                         metrics.update(run.validate())
-                logger.log(run.step, {**metrics, **timer.metrics})
+                metrics.update(timer.metrics)
+                logger.log(run.step, metrics)
                 if _is_due(run.step, cfg.checkpoint.save_freq, run.total_steps):
-                    # After the step's record: a complete checkpoint implies its metrics were logged.
+                    # The step's record comes first (a complete checkpoint implies its metrics were
+                    # logged), then again with the save's time: the last record of a step wins.
                     with timer("save"):
                         run.save()
-                    logger.log(run.step, {"timing/save_s": timer.metrics["timing/save_s"]}, console=False)
+                    logger.log(run.step, {**metrics, **timer.metrics}, console=False)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         logger.close()

@@ -24,6 +24,11 @@ def test_jsonl_tensorboard_console_and_plot(tmp_path) -> None:
     assert logs[0]["reward_mean"] == 0.1
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
+    with capture_logs() as quiet:
+        again = MetricsLogger(tmp_path / "quiet", console=True, jsonl=False, tensorboard=False)
+        again.log(1, {"reward/mean": 0.5}, console=False)  # a step's record repeated: not shown twice
+    assert quiet == []
+
     resumed = MetricsLogger(tmp_path, console=False, jsonl=True, tensorboard=False)
     resumed.log(3, {"reward/mean": 0.9})  # a step redone after a resume: the last record wins
     resumed.close()
