@@ -136,6 +136,26 @@ def test_sigkill_mid_run_then_rerun_resumes_from_the_last_checkpoint(run_a, tmp_
     assert list(read_metrics(resumed.metrics_path)) == list(range(1, STEPS + 1))
 
 
+def test_a_run_killed_between_save_and_metrics_record_writes_the_record_on_resume(run_a, tmp_path) -> None:
+    """The checkpoint carries its step's metrics: with the last JSONL record lost (as if the driver
+    died right after the save), resuming from that checkpoint writes the record back."""
+    workdir, first = run_a
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    jsonl = copy / "runs" / "metrics.jsonl"
+    lines = jsonl.read_text().splitlines()
+    assert json.loads(lines[-1])["step"] == STEPS
+    jsonl.write_text("\n".join(lines[:-1]) + "\n")
+    assert STEPS not in read_metrics(jsonl)
+
+    resumed = _run(copy, OVERRIDES)
+    assert resumed.resumed_from is not None and resumed.resumed_from.name == f"global_step_{STEPS}"
+    records = read_metrics(jsonl)
+    assert list(records) == list(range(1, STEPS + 1))
+    assert records[STEPS]["reward/mean"] == first.rewards[STEPS]
+    assert "timing/update_s" in records[STEPS]
+
+
 def test_a_worker_that_fails_stops_train_with_its_traceback(ray_cluster, tmp_path) -> None:
     """The driver reads only the tokenizer; the workers' model load fails (weights removed), and
     train() raises promptly with the worker's own error instead of hanging."""

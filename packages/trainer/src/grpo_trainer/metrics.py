@@ -58,6 +58,10 @@ class MetricsLogger:
             shown = {k.replace("/", "_"): round(clean[k], 4) for k in CONSOLE_KEYS if k in clean}
             log.info("train.step", step=step, **shown)
 
+    def logged_steps(self) -> set[int]:
+        """Steps with a record in the JSONL file (empty without one)."""
+        return set(read_metrics(self.jsonl_path)) if self.jsonl_path is not None else set()
+
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()

@@ -108,6 +108,7 @@ class _Run:
         self.workers: PolicyWorkers | None = None
         self.step = 0
         self.reward_history: dict[int, float] = {}
+        self.resumed_metrics: dict[str, float] | None = None  # the resumed checkpoint's step record
 
     def start_workers(self) -> PolicyWorkers:
         self.workers = PolicyWorkers(self.cfg)
@@ -220,6 +221,7 @@ class _Run:
         if path is None:
             return None
         resumed = self._workers().load(path)
+        self.resumed_metrics = resumed.trainer_state.get("metrics")
         self.step = int(resumed.trainer_state["global_step"])
         self.reward_history = {int(k): float(v) for k, v in resumed.trainer_state.get("rewards", {}).items()}
         if resumed.dataloader_state is not None:
@@ -227,11 +229,14 @@ class _Run:
         log.info("train.resumed", path=str(path), step=self.step)
         return path
 
-    def save(self) -> Path:
+    def save(self, metrics: dict[str, float]) -> Path:
+        """A checkpoint of this step; it carries the step's metrics so that a run killed between
+        the save and the metrics record can write that record when it resumes."""
         trainer_state = {
             "global_step": self.step,
             "total_steps": self.total_steps,
             "rewards": {str(k): v for k, v in self.reward_history.items()},
+            "metrics": metrics,
         }
         return self._workers().save(
             self.step, trainer_state=trainer_state, dataloader_state=self.sampler.state_dict()
@@ -273,6 +278,8 @@ def train(cfg: TrainerConfig) -> TrainResult:
     try:
         run.start_workers()
         resumed_from = run.maybe_resume()
+        if run.resumed_metrics is not None and run.step not in logger.logged_steps():
+            logger.log(run.step, run.resumed_metrics, console=False)  # killed after the save, before the record
         if cfg.val_before_train and resumed_from is None and run.val_data is not None:
             logger.log(0, run.validate())
         batches = _batches(run.sampler)
@@ -286,14 +293,11 @@ def train(cfg: TrainerConfig) -> TrainResult:
                 if cfg.test_freq > 0 and _is_due(run.step, cfg.test_freq, run.total_steps):
                     with timer("validate"):
                         metrics.update(run.validate())
+                if _is_due(run.step, cfg.checkpoint.save_freq, run.total_steps):
+                    with timer("save"):
+                        run.save({**metrics, **timer.metrics})
                 metrics.update(timer.metrics)
                 logger.log(run.step, metrics)
-                if _is_due(run.step, cfg.checkpoint.save_freq, run.total_steps):
-                    # The step's record comes first (a complete checkpoint implies its metrics were
-                    # logged), then again with the save's time: the last record of a step wins.
-                    with timer("save"):
-                        run.save()
-                    logger.log(run.step, {**metrics, **timer.metrics}, console=False)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         logger.close()
