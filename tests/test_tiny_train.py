@@ -174,6 +174,23 @@ def test_a_worker_that_fails_stops_train_with_its_traceback(ray_cluster, tmp_pat
     assert "from_pretrained" in message  # the worker's traceback, not just "actor died"
 
 
+def test_a_phase_past_its_timeout_stops_train_with_the_ranks_stacks(ray_cluster, tmp_path) -> None:
+    """`timeouts.update_s` bounds the update phase: past it, train() stops at once with
+    WorkerTimeoutError naming the phase, the setting and the silent ranks' Python stacks."""
+    from grpo_trainer import WorkerTimeoutError
+
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeoutError) as info:
+        _run(tmp_path, [*OVERRIDES, "timeouts.update_s=0.05"])
+    assert time.monotonic() - started < 300
+    message = str(info.value)
+    assert "update: ranks [0, 1] gave no answer within 0.05 s" in message
+    assert "timeouts.update_s" in message
+    # Each silent rank's stack (where it is by then: the update takes longer than 0.05 s, but it
+    # may have finished before the stack is read; test_worker_group checks a rank that stays stuck).
+    assert message.count("--- rank ") == 2 and message.count("(most recent call first)") >= 2
+
+
 @pytest.mark.timeout(1200)
 def test_full_tiny_run_learns(ray_cluster, tmp_path) -> None:
     result = _run(tmp_path, [])

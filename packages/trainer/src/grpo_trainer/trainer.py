@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from grpo_config.schema import TrainerConfig
+from grpo_device import DeviceKind
 from grpo_trainer import grpo_math
 from grpo_trainer.batching import dp_row_split, pad_rows
 from grpo_trainer.data import PromptDataset, PromptItem, ResumableSampler
@@ -269,7 +270,7 @@ def train(cfg: TrainerConfig) -> TrainResult:
     limit stops the run with `WorkerError`."""
     wall_start = time.perf_counter()
     run = _Run(cfg)
-    cpus = (os.cpu_count() or 1) if resolve_device_kind(cfg) == "cpu" else None
+    cpus = (os.cpu_count() or 1) if resolve_device_kind(cfg) is DeviceKind.CPU else None
     started_ray = ensure_ray(num_cpus=max(cpus, run.world_size) if cpus else None)
     log_dir = Path(cfg.logging.dir)
     logger = MetricsLogger(
