@@ -51,6 +51,29 @@ def test_dynamic_batch_size_only_needs_dp_to_divide() -> None:
     assert "= 3*4 = 12" in _problems([*base, "actor.ppo_micro_batch_size_per_device=3"])
 
 
+def test_pipeline_parallel_megatron_needs_micro_batches_of_one_row_count() -> None:
+    # world 4, pp 2 -> dp 2; 4 prompts * n 5 = 20 rows per step -> 10 per data-parallel rank.
+    base = [
+        "actor.backend=megatron",
+        "device.devices_per_node=4",
+        "parallel.pp=2",
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=2",
+        "rollout.n=5",
+    ]
+    msg = _problems([*base, "actor.log_prob_micro_batch_size_per_device=4"])
+    assert "actor.log_prob_micro_batch_size_per_device=4 does not divide the 10 rows" in msg
+    assert "ref.log_prob_micro_batch_size_per_device=3 does not divide" in _problems(
+        [*base, "actor.log_prob_micro_batch_size_per_device=5", "ref.log_prob_micro_batch_size_per_device=3"]
+    )
+    assert "actor.use_dynamic_bsz=true with parallel.pp=2 is not supported" in _problems(
+        [*base, "actor.log_prob_micro_batch_size_per_device=5", "actor.use_dynamic_bsz=true"]
+    )
+    assert load(None, [*base, "actor.log_prob_micro_batch_size_per_device=5"]).parallel.pp == 2
+    # The torch backend has no pipeline: its micro-batches may differ in rows.
+    assert load(None, [*base[1:], "actor.log_prob_micro_batch_size_per_device=4"]).parallel.pp == 2
+
+
 def test_model_parallel_product_must_divide_world() -> None:
     msg = _problems(["device.devices_per_node=8", "parallel.tp=2", "parallel.pp=2", "parallel.cp=3"])
     assert "parallel.tp * parallel.pp * parallel.cp = 2*2*3 = 12 does not divide the world size 8" in msg

@@ -86,7 +86,31 @@ def _batch_problems(cfg: TrainerConfig, *, world: int) -> list[str]:
             f"// (parallel.tp*pp*cp) {par.tp * par.pp * par.cp}): change actor.ppo_mini_batch_size, "
             f"rollout.n or actor.ppo_micro_batch_size_per_device."
         )
+    if cfg.actor.backend == "megatron" and par.pp > 1:
+        problems += _pipeline_problems(cfg, dp=dp)
     return problems
+
+
+def _pipeline_problems(cfg: TrainerConfig, *, dp: int) -> list[str]:
+    """Pipeline stages exchange activations of one fixed shape: every micro-batch must have the
+    same number of rows (widths are padded to the batch's longest row)."""
+    if cfg.actor.use_dynamic_bsz:
+        return [
+            f"actor.use_dynamic_bsz=true with parallel.pp={cfg.parallel.pp} is not supported: pipeline "
+            "stages need micro-batches of one row count. Set actor.use_dynamic_bsz=false (micro-batches "
+            "of actor.ppo_micro_batch_size_per_device rows) or parallel.pp=1."
+        ]
+    rows = cfg.data.train_batch_size * cfg.rollout.n // dp  # one data-parallel rank's rows per step
+    sizes = {"actor.log_prob_micro_batch_size_per_device": cfg.actor.log_prob_micro_batch_size_per_device}
+    if cfg.ref.log_prob_micro_batch_size_per_device is not None:
+        sizes["ref.log_prob_micro_batch_size_per_device"] = cfg.ref.log_prob_micro_batch_size_per_device
+    return [
+        f"{key}={size} does not divide the {rows} rows each data-parallel rank computes log-probs for "
+        f"(data.train_batch_size * rollout.n // data parallel size {dp}); with parallel.pp="
+        f"{cfg.parallel.pp} every micro-batch needs the same row count: choose a divisor of {rows}."
+        for key, size in sizes.items()
+        if rows % size
+    ]
 
 
 def _value_problems(cfg: TrainerConfig) -> list[str]:

@@ -32,13 +32,19 @@ class Actor:
         self.shape = MicroBatchShape.for_config(cfg)
 
     def _micro_batches(self, batch: PolicyBatch, *, size: int) -> list[MicroBatch]:
+        """Collective with a token budget (`use_dynamic_bsz`) over several data-parallel ranks: they
+        agree on one micro-batch count, the largest any of them plans."""
         actor = self.cfg.actor
-        return micro_batches(
-            batch,
-            micro_batch_size=size,
-            max_tokens=actor.ppo_max_token_len_per_device if actor.use_dynamic_bsz else None,
-            shape=self.shape,
-        )
+        max_tokens = actor.ppo_max_token_len_per_device if actor.use_dynamic_bsz else None
+        plan = {"micro_batch_size": size, "max_tokens": max_tokens, "shape": self.shape}
+        cut = micro_batches(batch, **plan)
+        backend = self.backend
+        if max_tokens is None or backend.dp_size == 1:
+            return cut
+        counts = torch.zeros(backend.dp_size, dtype=torch.float64)
+        counts[backend.dp_rank] = len(cut)
+        most = int(backend.data_parallel_sum(counts).max().item())
+        return cut if most == len(cut) else micro_batches(batch, **plan, count=most)
 
     # -- log-probs --------------------------------------------------------------------------------
     def log_probs(self, batch: PolicyBatch, *, ref: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
@@ -66,16 +72,20 @@ class Actor:
         blocks (its slices of the step's mini-batches), one optimizer step each. Returns the
         metrics averaged over the steps, the same on every rank."""
         blocks = mini_batch_rows(batch.input_ids.shape[0], num_mini_batches)
+        lr = self.schedule.lr  # constant within a training step, as verl's scheduler
         sums: dict[str, float] = {}
         for _ in range(ppo_epochs):
             for rows in blocks:
-                for name, value in self.update_mini_batch(take_rows(batch, rows)).items():
+                for name, value in self.update_mini_batch(take_rows(batch, rows), lr=lr).items():
                     sums[name] = sums.get(name, 0.0) + value
         updates = ppo_epochs * len(blocks)
+        if sums["step_skipped"] < updates:
+            self.schedule.step()
         return {name: value / updates for name, value in sums.items()}
 
-    def update_mini_batch(self, mini: PolicyBatch) -> dict[str, float]:
-        """One optimizer step on this rank's share of a mini-batch."""
+    def update_mini_batch(self, mini: PolicyBatch, *, lr: float | None = None) -> dict[str, float]:
+        """One optimizer step on this rank's share of a mini-batch, at `lr` (default: the
+        schedule's current rate; the schedule itself advances in `update`)."""
         if mini.advantages is None or mini.old_log_probs is None:
             raise ValueError("an update needs the batch's advantages and old_log_probs")
         if self.loss.uses_reference and mini.ref_log_probs is None:
@@ -86,10 +96,8 @@ class Actor:
             (m.response_mask for m in micros), dp_size=backend.dp_size, all_reduce_sum=backend.data_parallel_sum
         )
         sums = backend.data_parallel_sum(backend.forward_backward(micros, self.loss.over(micros, scale)))
-        lr = self.schedule.lr
+        lr = self.schedule.lr if lr is None else lr
         step = backend.optimizer_step(lr=lr)
-        if step.stepped:
-            self.schedule.step()
         metrics = self.loss.metrics(dict(zip(self.loss.metric_names, sums.tolist(), strict=True)), scale)
         metrics.update(grad_norm=step.grad_norm, lr=lr, step_skipped=float(not step.stepped))
         return metrics

@@ -24,6 +24,11 @@ from grpo_config.schema import TrainerConfig
 from grpo_trainer.protocols import PolicyBatch
 
 
+def response_budget(cfg: TrainerConfig) -> int:
+    """The most tokens a response may have: `rollout.max_tokens`, else `data.max_response_length`."""
+    return cfg.rollout.max_tokens or cfg.data.max_response_length
+
+
 def pad_rows(
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
@@ -114,11 +119,31 @@ def row_lengths(batch: PolicyBatch) -> list[int]:
     return [int(n) for n in batch.attention_mask.sum(dim=-1).tolist()]
 
 
-def plan_micro_batches(lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | None) -> list[list[int]]:
+def plan_micro_batches(
+    lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | None, count: int | None = None
+) -> list[list[int]]:
     """Row indices of each micro-batch: consecutive chunks of `micro_batch_size` rows, or with
     `max_tokens`, rows (longest first, so that similar lengths share a micro-batch) packed while
     rows x longest row <= max_tokens; a row longer than the budget gets a micro-batch of its own.
-    Deterministic for equal inputs."""
+    With `count`, the token-budget plan is split further (the costliest micro-batch in two, until
+    there are `count`): every data-parallel rank must run the same number of micro-batches, since
+    the model's collectives (MoE all-to-all, pipeline sends) pair them up. Deterministic."""
+    groups = _plan(lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+    if count is None or count == len(groups):
+        return groups
+    if count < len(groups) or count > len(lengths):
+        raise ValueError(f"cannot cut {len(lengths)} rows planned as {len(groups)} micro-batches into {count}")
+    while len(groups) < count:
+        at = max(
+            (k for k, group in enumerate(groups) if len(group) > 1),
+            key=lambda k: (len(groups[k]) * max(lengths[i] for i in groups[k]), -k),
+        )
+        half = len(groups[at]) // 2
+        groups[at : at + 1] = [groups[at][:half], groups[at][half:]]
+    return groups
+
+
+def _plan(lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | None) -> list[list[int]]:
     if max_tokens is None:
         if micro_batch_size < 1:
             raise ValueError(f"micro-batch size must be >= 1, got {micro_batch_size}")
@@ -172,10 +197,11 @@ def micro_batches(
     micro_batch_size: int,
     max_tokens: int | None,
     shape: MicroBatchShape = MicroBatchShape(),
+    count: int | None = None,
 ) -> list[MicroBatch]:
     """`batch` cut into micro-batches (see `plan_micro_batches` and `MicroBatchShape`)."""
     lengths = row_lengths(batch)
-    groups = plan_micro_batches(lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+    groups = plan_micro_batches(lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens, count=count)
     batch_width = max(max(lengths, default=1), 1)
     out = []
     for group in groups:

@@ -20,6 +20,7 @@ import torch
 
 from grpo_config.schema import TrainerConfig
 from grpo_trainer import grpo_math
+from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import PolicyBatch
 
 # Averaged over the response tokens of the whole mini-batch.
@@ -100,7 +101,7 @@ class GRPOLoss:
             entropy_coeff=actor.entropy_coeff,
             kl_coef=actor.kl_loss_coef if actor.use_kl_loss else None,
             kl_type=actor.kl_loss_type,
-            loss_scale_factor=cfg.rollout.max_tokens or cfg.data.max_response_length,
+            loss_scale_factor=response_budget(cfg),
         )
 
     @property

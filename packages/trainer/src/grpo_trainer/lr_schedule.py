@@ -1,6 +1,7 @@
 """The learning-rate schedule every backend steps with: linear warmup over `actor.lr_warmup_steps`
-optimizer steps to `actor.lr`, then constant. Only steps that were taken count (a step skipped for
-non-finite gradients does not advance the warmup)."""
+training steps to `actor.lr`, then constant. As verl's scheduler, it advances once per training step
+(one `Actor.update`, whatever its number of mini-batches and PPO epochs), and only when that step
+took at least one optimizer step (steps skipped for non-finite gradients do not advance it)."""
 
 from __future__ import annotations
 
@@ -29,4 +30,5 @@ class LRSchedule:
         return {"steps_done": self.steps_done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps_done = int(state["steps_done"])
+        # "last_epoch": torch LambdaLR's count, in checkpoints of the torch backend before this schedule.
+        self.steps_done = int(state["steps_done"] if "steps_done" in state else state["last_epoch"])

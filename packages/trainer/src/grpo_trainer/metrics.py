@@ -76,10 +76,16 @@ def read_metrics(path: Path) -> dict[int, dict[str, float]]:
     records: dict[int, dict[str, float]] = {}
     if not path.exists():
         return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
             row: dict[str, Any] = json.loads(line)
-            records[int(row.pop("step"))] = row
+            step = int(row.pop("step"))
+        except (ValueError, KeyError, TypeError) as exc:  # a record cut short by a kill mid-write
+            log.warning("metrics.unreadable_record", path=str(path), line=number, error=repr(exc))
+            continue
+        records[step] = row
     return dict(sorted(records.items()))
 
 

@@ -45,6 +45,7 @@ class PolicyWorkers:
             world_size=self.world_size,
             resource=resource,
             cpus_per_worker=cpus,
+            ready_timeout_s=cfg.timeouts.setup_s,
             cfg=cfg,
             num_threads=cpus,
         )

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from grpo_config.schema import TrainerConfig
 from grpo_device import DeviceKind
 from grpo_trainer import grpo_math
-from grpo_trainer.batching import dp_row_split, pad_rows
+from grpo_trainer.batching import dp_row_split, pad_rows, response_budget
 from grpo_trainer.data import PromptDataset, PromptItem, ResumableSampler
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.metrics import MetricsLogger, plot_metrics
@@ -104,7 +104,7 @@ class _Run:
         self.rewards = RewardManager(
             cfg.reward.timeout_s, cfg.reward.custom_fn, num_workers=cfg.reward.num_workers
         )
-        self.max_tokens = cfg.rollout.max_tokens or data.max_response_length
+        self.max_tokens = response_budget(cfg)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.workers: PolicyWorkers | None = None
         self.step = 0

@@ -26,13 +26,21 @@ from grpo_trainer.rollout import make_rollout_engine
 
 log = structlog.get_logger()
 
-COLLECTIVE_TIMEOUT_S = 600.0
+# A collective waits at least this long, and longer than any phase may take (`timeouts.*`), so
+# that a rank waiting on a slow peer is reported by the driver's phase timeout, with stacks, rather
+# than killed by the collective library's watchdog first.
+MIN_COLLECTIVE_TIMEOUT_S = 600.0
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
+
+
+def _collective_timeout_s(cfg: TrainerConfig) -> float:
+    longest_phase = max(float(v) for v in vars(cfg.timeouts).values())
+    return max(MIN_COLLECTIVE_TIMEOUT_S, longest_phase + 60.0)
 
 
 class PolicyWorker:
@@ -73,7 +81,7 @@ class PolicyWorker:
                 init_method=f"tcp://{master_addr}:{master_port}",
                 rank=self.rank,
                 world_size=self.world_size,
-                timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                timeout=timedelta(seconds=_collective_timeout_s(self.cfg)),
             )
         device = torch_device(kind, index=0)  # Ray exposes one accelerator per worker
         manual_seed_all(self.cfg.seed, kind=kind)  # same initial state on every rank
@@ -136,12 +144,12 @@ class PolicyWorker:
         actor = self._actor()
         state = actor.state_dict()
         contents = set(ckpt.save_contents)
-        with_optimizer = "optimizer" in contents
         path = manager.save(
             step,
             model=state["model"] if "model" in contents else None,
-            optimizer=state.get("optimizer") if with_optimizer else None,
-            scheduler=state.get("scheduler") if with_optimizer else None,
+            optimizer=state.get("optimizer") if "optimizer" in contents else None,
+            # The LR schedule's position travels with the optimizer or, as in verl, with "extra".
+            scheduler=state.get("scheduler") if contents & {"optimizer", "extra"} else None,
             trainer_state=trainer_state,
             dataloader_state=dataloader_state,
             transformer_config=getattr(getattr(actor.backend, "module", None), "config", None),

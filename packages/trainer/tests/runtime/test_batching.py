@@ -63,6 +63,17 @@ def test_token_budget_plan_respects_the_padded_budget() -> None:
         plan_micro_batches([1], micro_batch_size=0, max_tokens=None)
 
 
+def test_a_token_budget_plan_splits_further_to_an_agreed_count() -> None:
+    """Ranks with different rows agree on the largest count; the costliest micro-batch splits."""
+    lengths = [3, 3, 3, 3, 2, 2]  # fits one budget of 18
+    assert plan_micro_batches(lengths, micro_batch_size=1, max_tokens=18) == [[0, 1, 2, 3, 4, 5]]
+    three = plan_micro_batches(lengths, micro_batch_size=1, max_tokens=18, count=3)
+    assert three == [[0], [1, 2], [3, 4, 5]]  # halves, then the first of two equal costs
+    assert plan_micro_batches(lengths, micro_batch_size=1, max_tokens=18, count=6) == [[i] for i in range(6)]
+    with pytest.raises(ValueError, match="into 7"):
+        plan_micro_batches(lengths, micro_batch_size=1, max_tokens=18, count=7)
+
+
 def test_micro_batches_by_tokens_or_count_each_cut_to_its_longest_row() -> None:
     batch = pad_rows([[1]] * 4, [[2] * 7, [2], [2], [2]], pad_token_id=0)
     by_tokens = micro_batches(batch, micro_batch_size=1, max_tokens=8)

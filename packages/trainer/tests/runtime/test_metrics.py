@@ -35,5 +35,11 @@ def test_jsonl_tensorboard_console_and_plot(tmp_path) -> None:
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert list(records) == [1, 2, 3] and records[3] == {"reward/mean": 0.9}
 
+    with (tmp_path / "metrics.jsonl").open("a") as cut:
+        cut.write('{"step": 4, "reward/me')  # a kill in the middle of a write
+    with capture_logs() as warned:
+        assert list(read_metrics(tmp_path / "metrics.jsonl")) == [1, 2, 3]
+    assert warned[0]["event"] == "metrics.unreadable_record" and warned[0]["line"] == 5
+
     png = plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "plot.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000

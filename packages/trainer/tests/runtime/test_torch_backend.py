@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 import grpo_config
 from grpo_trainer.actor import Actor
 from grpo_trainer.backends.torch_backend import TorchBackend
-from grpo_trainer.batching import pad_rows, take_rows
+from grpo_trainer.batching import micro_batches, pad_rows, take_rows
 from grpo_trainer.protocols import PolicyBatch
 
 CPU = torch.device("cpu")
@@ -230,12 +230,19 @@ def test_without_kl_no_reference_is_built_or_needed(tiny_model_dir) -> None:
         actor.log_probs(batch, ref=True)
 
 
-def test_lr_warms_up_linearly(tiny_model_dir) -> None:
+def test_lr_warms_up_linearly_per_training_step(tiny_model_dir) -> None:
+    """As verl's scheduler: one warmup step per training step (`Actor.update`), the rate constant
+    over its mini-batches and epochs."""
     actor = _actor(tiny_model_dir, lr=1e-3, lr_warmup_steps=4)
-    batch = _prepare(actor, _batch(rows=2))
-    lrs = [actor.update_mini_batch(batch)["lr"] for _ in range(5)]
+    batch = _prepare(actor, _batch(rows=4))
+    seen: list[float] = []
+    actor.backend.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: seen.append(optimizer.param_groups[0]["lr"])
+    )
+    lrs = [actor.update(batch, num_mini_batches=2, ppo_epochs=2)["lr"] for _ in range(5)]
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
-    assert [g["lr"] for g in actor.backend.optimizer.param_groups] == pytest.approx([1e-3])
+    assert seen == pytest.approx([lr for lr in lrs for _ in range(4)])  # 2 mini-batches x 2 epochs
+    assert actor.schedule.steps_done == 5
 
 
 def test_non_finite_gradient_skips_the_step_and_the_schedule(tiny_model_dir) -> None:
@@ -243,20 +250,21 @@ def test_non_finite_gradient_skips_the_step_and_the_schedule(tiny_model_dir) -> 
     batch = _prepare(actor, _batch())
     batch.advantages = torch.full_like(batch.advantages, float("nan"))
     before = _params(actor)
-    metrics = actor.update_mini_batch(batch)
+    metrics = actor.update(batch, num_mini_batches=2, ppo_epochs=1)
     assert metrics["step_skipped"] == 1.0
-    assert actor.schedule.steps_done == 0  # warmup counts taken steps only
+    assert actor.schedule.steps_done == 0  # warmup counts training steps that stepped
     _assert_close(before, _params(actor), atol=0)
 
 
 def test_state_dict_round_trip_continues_identically(tiny_model_dir) -> None:
     a = _actor(tiny_model_dir, lr_warmup_steps=3)
     batch = _prepare(a, _batch())
-    a.update_mini_batch(batch)
+    a.update(batch, num_mini_batches=1, ppo_epochs=1)
     b = _actor(tiny_model_dir, lr_warmup_steps=3)
     b.load_state_dict(copy.deepcopy(a.state_dict()))  # as if from disk: no shared tensors
     assert b.schedule.steps_done == 1
-    first, second = a.update_mini_batch(batch), b.update_mini_batch(batch)
+    first = a.update(batch, num_mini_batches=1, ppo_epochs=1)
+    second = b.update(batch, num_mini_batches=1, ppo_epochs=1)
     assert first["lr"] == second["lr"]
     _assert_close(_params(a), _params(b), atol=0)  # same process, same order: bit-identical
     assert dict(a.backend.named_weights()).keys() == a.backend.module.state_dict().keys()
@@ -299,3 +307,34 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(tiny_model_dir, tmp_pa
     assert saved["metrics"]["pg_loss"] == pytest.approx(metrics["pg_loss"], abs=1e-5)
     assert saved["metrics"]["entropy"] == pytest.approx(metrics["entropy"], abs=1e-5)
     assert os.path.getsize(out) > 0
+
+
+def _dynamic_rank(rank: int, model_dir: str, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        actor = _actor(Path(model_dir), use_dynamic_bsz=True, ppo_max_token_len_per_device=16)
+        rows = _batch(seed=rank, rows=4)  # other rows, other lengths on each rank
+        alone = len(micro_batches(rows, micro_batch_size=1, max_tokens=16))
+        agreed = len(actor._micro_batches(rows, size=1))
+        metrics = actor.update_mini_batch(_prepare(actor, rows))
+        torch.save({"alone": alone, "agreed": agreed, "loss": metrics["loss"]}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_with_a_token_budget_agree_on_one_micro_batch_count(tiny_model_dir, tmp_path) -> None:
+    """Two gloo ranks whose rows pack into different numbers of micro-batches under the same token
+    budget run the same number (the larger), as the model's collectives need."""
+    from grpo_trainer.worker import free_port
+
+    out = tmp_path / "counts"
+    mp.start_processes(
+        _dynamic_rank, args=(str(tiny_model_dir), free_port(), str(out)), nprocs=2, join=True, start_method="spawn"
+    )
+    ranks = [torch.load(f"{out}.{rank}") for rank in range(2)]
+    assert ranks[0]["alone"] != ranks[1]["alone"]
+    assert ranks[0]["agreed"] == ranks[1]["agreed"] == max(r["alone"] for r in ranks)
+    assert ranks[0]["loss"] == pytest.approx(ranks[1]["loss"])

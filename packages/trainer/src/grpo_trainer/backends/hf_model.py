@@ -56,9 +56,11 @@ def token_log_probs(
     attention_mask: torch.Tensor,
     *,
     with_entropy: bool,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(input_ids[:, t] | input_ids[:, :t]) at position t, shape [B, T], and the entropy of
-    the distribution that predicted position t, same layout; 0 at position 0 and on padding."""
+    the distribution that predicted position t, same layout; 0 at position 0 and on padding.
+    Without `entropy_grad` the entropy is computed outside autograd (no [B, T, vocab] kept)."""
     inner = getattr(model, "module", model)  # DDP wraps the HF model
     extra = linear_attention_kwargs(inner, input_ids.shape[1])
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra).logits
@@ -70,5 +72,6 @@ def token_log_probs(
     log_probs = torch.cat([zeros, log_probs * valid], dim=1)
     if not with_entropy:
         return log_probs, None
-    entropy = torch.cat([zeros, entropy_from_logits(logits) * valid], dim=1)
-    return log_probs, entropy
+    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+    return log_probs, torch.cat([zeros, entropy * valid], dim=1)

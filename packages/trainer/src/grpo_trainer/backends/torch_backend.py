@@ -73,7 +73,7 @@ class TorchBackend:
 
     # -- forward ----------------------------------------------------------------------------------
     def _forward(
-        self, model: torch.nn.Module, micro: PolicyBatch, *, dtype: str, with_entropy: bool
+        self, model: torch.nn.Module, micro: PolicyBatch, *, dtype: str, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         with autocast_context(self.device, dtype):
             return token_log_probs(
@@ -81,6 +81,7 @@ class TorchBackend:
                 micro.input_ids.to(self.device),
                 micro.attention_mask.to(self.device),
                 with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
             )
 
     @torch.no_grad()
@@ -105,7 +106,6 @@ class TorchBackend:
 
     # -- training ---------------------------------------------------------------------------------
     def forward_backward(self, micros: Sequence[PolicyBatch], loss_fn: MicroLoss) -> torch.Tensor:
-        # The HF forward computes entropy from the same logits whether it needs a gradient or not.
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(loss_fn.num_metrics, dtype=torch.float64)
         for index, micro in enumerate(micros):
@@ -113,7 +113,13 @@ class TorchBackend:
             # DDP all-reduces gradients once, after the last micro-batch's backward.
             sync = contextlib.nullcontext() if (last or self.dp_size == 1) else self.model.no_sync()
             with sync:
-                log_probs, entropy = self._forward(self.model, micro, dtype=self._dtype, with_entropy=True)
+                log_probs, entropy = self._forward(
+                    self.model,
+                    micro,
+                    dtype=self._dtype,
+                    with_entropy=True,
+                    entropy_grad=loss_fn.entropy_requires_grad,
+                )
                 assert entropy is not None
                 loss, metrics = loss_fn(index, log_probs, entropy)
                 loss.backward()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 import torch
 
+from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
 from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, iter_buckets, pack_bucket, write_bucket_file
@@ -113,7 +114,7 @@ class VLLMRolloutEngine:
         rollout = cfg.rollout
         max_model_len = rollout.max_model_len
         if max_model_len is None:
-            max_model_len = cfg.data.max_prompt_length + (rollout.max_tokens or cfg.data.max_response_length)
+            max_model_len = cfg.data.max_prompt_length + response_budget(cfg)
         kv_cache_memory_bytes = None
         if current_platform.is_cpu():
             kv_cache_memory_bytes = cpu_kv_cache_bytes(

@@ -109,10 +109,11 @@ class MegatronBackend:
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
         )
+        valid = micro.attention_mask[:, 1:].to(device=self.device, dtype=log_probs.dtype)  # padding reads 0
         pad = log_probs.new_zeros(log_probs.shape[0], 1)
-        log_probs = torch.cat([pad, log_probs], dim=1)
+        log_probs = torch.cat([pad, log_probs * valid], dim=1)
         if entropy is not None:
-            entropy = torch.cat([pad, entropy], dim=1)
+            entropy = torch.cat([pad, entropy * valid], dim=1)
         return log_probs, entropy
 
     def _run(self, model: list[Any], micros: Sequence[PolicyBatch], step_loss: _StepLoss, *, forward_only: bool) -> list[Any]:
@@ -140,7 +141,8 @@ class MegatronBackend:
     @torch.no_grad()
     def log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
         built = self.ref if ref else self.policy
-        assert built is not None, "the reference model is built only when actor.use_kl_loss=true"
+        if built is None:
+            raise ValueError("no reference model: it is only built when actor.use_kl_loss=true")
         model = built.model
         if not micros:
             return []

@@ -30,7 +30,7 @@ MINDSPEED_INSTALL = (
     "your Megatron-LM / megatron-core version: `pip install mindspeed`, or from source "
     "(https://gitee.com/ascend/MindSpeed: clone it, check out the branch for your Megatron version, "
     "`pip install -e MindSpeed`). The seed NPU recipes use MindSpeed 0.16 with Megatron-LM 0.16 "
-    "(Megatron-Bridge de93536e); see DESIGN.md. Or set actor.backend=torch"
+    "(Megatron-Bridge de93536e), as verl's NPU recipe. Or set actor.backend=torch"
 )
 
 

@@ -51,7 +51,10 @@ def _optimizer_tensors(optimizer: Any) -> Iterator[tuple[dict[str, Any] | None, 
 def _move_optimizer(optimizer: Any, device: torch.device) -> None:
     for state, key, tensor in list(_optimizer_tensors(optimizer)):
         if state is None:
-            tensor.data = tensor.data.to(device)
+            # fp32 model parameters are their own main parameters: views into the DDP buffer,
+            # which the buffer's own offload moves (a copy here would detach them from it).
+            if tensor._base is None:
+                tensor.data = tensor.data.to(device)
         else:
             state[key] = tensor.to(device)
 
