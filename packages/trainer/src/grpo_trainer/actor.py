@@ -15,6 +15,8 @@ from grpo_trainer.batching import (
     MicroBatchShape,
     micro_batches,
     mini_batch_rows,
+    plan_micro_batches,
+    row_lengths,
     scatter_rows,
     take_rows,
 )
@@ -36,15 +38,15 @@ class Actor:
         agree on one micro-batch count, the largest any of them plans."""
         actor = self.cfg.actor
         max_tokens = actor.ppo_max_token_len_per_device if actor.use_dynamic_bsz else None
-        plan = {"micro_batch_size": size, "max_tokens": max_tokens, "shape": self.shape}
-        cut = micro_batches(batch, **plan)
+        count = None
         backend = self.backend
-        if max_tokens is None or backend.dp_size == 1:
-            return cut
-        counts = torch.zeros(backend.dp_size, dtype=torch.float64)
-        counts[backend.dp_rank] = len(cut)
-        most = int(backend.data_parallel_sum(counts).max().item())
-        return cut if most == len(cut) else micro_batches(batch, **plan, count=most)
+        if max_tokens is not None and backend.dp_size > 1:
+            counts = torch.zeros(backend.dp_size, dtype=torch.float64)
+            counts[backend.dp_rank] = len(
+                plan_micro_batches(row_lengths(batch), micro_batch_size=size, max_tokens=max_tokens)
+            )
+            count = int(backend.data_parallel_sum(counts).max().item())
+        return micro_batches(batch, micro_batch_size=size, max_tokens=max_tokens, shape=self.shape, count=count)
 
     # -- log-probs --------------------------------------------------------------------------------
     def log_probs(self, batch: PolicyBatch, *, ref: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:

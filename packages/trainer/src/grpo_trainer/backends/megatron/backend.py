@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_config.schema import TrainerConfig
+from grpo_device import DeviceKind
 from grpo_trainer.backends.megatron import offload
 from grpo_trainer.backends.megatron.build import (
     BuiltPolicy,
@@ -62,7 +63,7 @@ class MegatronBackend:
         if policy is None:
             if not cfg.actor.model_path:
                 raise ValueError("actor.model_path is empty: set it to an HF checkpoint directory")
-            policy, ref = _build_models(cfg, model_path=cfg.actor.model_path)
+            policy, ref = _build_models(cfg, model_path=cfg.actor.model_path, kind=kind)
         self.cfg = cfg
         self.policy = policy
         self.ref = ref
@@ -78,8 +79,7 @@ class MegatronBackend:
 
     @classmethod
     def from_config(cls, cfg: TrainerConfig, *, model_path: str) -> MegatronBackend:
-        import_megatron_stack(resolve_device_kind(cfg))
-        policy, ref = _build_models(cfg, model_path=model_path)
+        policy, ref = _build_models(cfg, model_path=model_path, kind=resolve_device_kind(cfg))
         return cls(cfg, policy=policy, ref=ref)
 
     def data_parallel_sum(self, values: torch.Tensor) -> torch.Tensor:
@@ -242,14 +242,18 @@ class MegatronBackend:
             self._offloaded = None
 
 
-def _build_models(cfg: TrainerConfig, *, model_path: str) -> tuple[BuiltPolicy, BuiltPolicy | None]:
+def _build_models(
+    cfg: TrainerConfig, *, model_path: str, kind: DeviceKind
+) -> tuple[BuiltPolicy, BuiltPolicy | None]:
+    """The policy and, with actor.use_kl_loss, the frozen reference (build_policy imports the
+    Megatron stack first, MindSpeed's adaptor on NPU)."""
     if cfg.parallel.cp > 1:
         raise ValueError(
             "parallel.cp > 1 is not supported by the megatron backend's log-prob path yet; set parallel.cp=1"
         )
-    policy = build_policy(cfg, model_path=model_path)
+    policy = build_policy(cfg, model_path=model_path, kind=kind)
     ref = None
     if cfg.actor.use_kl_loss:
         ref_path = cfg.ref.model_path or model_path
-        ref = build_policy(cfg, model_path=ref_path, megatron=cfg.ref.megatron, trainable=False)
+        ref = build_policy(cfg, model_path=ref_path, megatron=cfg.ref.megatron, trainable=False, kind=kind)
     return policy, ref
