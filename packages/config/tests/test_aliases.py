@@ -155,6 +155,26 @@ def test_prefix_alias_carries_the_rest_of_the_key() -> None:
         "ref.megatron.override_transformer_config.x"
     )
     assert resolve_alias("actor.lr") is None
-    cfg = load(None, ["actor_rollout_ref.ref.megatron.override_transformer_config.recompute_num_layers=2"])
-    assert to_dict(cfg)["ref"]["megatron"]["override_transformer_config"] == {"recompute_num_layers": 2}
+    cfg = load(None, ["actor_rollout_ref.ref.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=2"])
+    assert to_dict(cfg)["ref"]["megatron"]["override_transformer_config"] == {"num_layers_in_first_pipeline_stage": 2}
     assert cfg.actor.megatron.override_transformer_config == {}
+
+
+def test_an_override_of_a_grpo_megatron_setting_sets_that_setting() -> None:
+    """verl passes recompute and MoE options as override_transformer_config entries; grpo has them as
+    settings of their own, so the entry lands on the setting (one place for one value)."""
+    cfg = load(
+        None,
+        [
+            "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=2",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.01",
+            "actor_rollout_ref.ref.megatron.override_transformer_config.moe_z_loss_coeff=0.001",
+        ],
+    )
+    assert cfg.actor.megatron.recompute_num_layers == 2
+    assert cfg.actor.megatron.moe_aux_loss_coeff == 0.01
+    assert cfg.actor.megatron.override_transformer_config == {}
+    assert cfg.ref.megatron.moe_z_loss_coeff == 0.001
+    assert cfg.ref.megatron.recompute_num_layers == 2  # the rest inherited from the actor
+    with pytest.raises(ConfigError, match=r"set actor\.megatron\.recompute_method instead"):
+        load(None, ["actor.megatron.override_transformer_config={recompute_method: uniform}"])

@@ -105,13 +105,13 @@ def test_dict_from_yaml_flow_and_dotted_entries() -> None:
     cfg = load(
         None,
         [
-            "actor.megatron.override_transformer_config={recompute_modules: [core_attn], apply_rope_fusion: false}",
+            "actor.megatron.override_transformer_config={recompute_modules: [core_attn], bias_dropout_fusion: false}",
             "actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=3",
         ],
     )
     assert cfg.actor.megatron.override_transformer_config == {
         "recompute_modules": ["core_attn"],
-        "apply_rope_fusion": False,
+        "bias_dropout_fusion": False,
         "num_layers_in_first_pipeline_stage": 3,
     }
     with pytest.raises(

@@ -27,7 +27,7 @@ def test_actor_settings_reach_ref_the_122b_bug() -> None:
             "actor.log_prob_micro_batch_size_per_device=2",
             "actor.megatron.transformer_impl=local",
             "actor.megatron.moe_permute_fusion=false",
-            "actor.megatron.override_transformer_config.apply_rope_fusion=false",
+            "actor.megatron.override_transformer_config.bias_dropout_fusion=false",
             "device.devices_per_node=4",
             "parallel.tp=2",
             "parallel.ep=4",
@@ -40,13 +40,21 @@ def test_actor_settings_reach_ref_the_122b_bug() -> None:
     assert ref.log_prob_micro_batch_size_per_device == 2
     assert ref.megatron is not None and ref.megatron.transformer_impl == "local"
     assert ref.megatron.moe_permute_fusion is False
-    assert ref.megatron.override_transformer_config == {"apply_rope_fusion": False}
+    assert ref.megatron.override_transformer_config == {"bias_dropout_fusion": False}
     assert ref.parallel == ParallelConfig(tp=2, ep=4)
 
 
 def test_explicit_ref_values_win() -> None:
-    cfg = load(None, ["actor.use_remove_padding=false", "ref.use_remove_padding=true", "ref.dtype=float32"])
-    assert cfg.actor.use_remove_padding is False and cfg.ref.use_remove_padding is True
+    cfg = load(
+        None,
+        [
+            "actor.log_prob_micro_batch_size_per_device=2",
+            "ref.log_prob_micro_batch_size_per_device=8",
+            "ref.dtype=float32",
+        ],
+    )
+    assert cfg.actor.log_prob_micro_batch_size_per_device == 2
+    assert cfg.ref.log_prob_micro_batch_size_per_device == 8
     assert cfg.actor.dtype == "bfloat16" and cfg.ref.dtype == "float32"
 
 

@@ -117,7 +117,7 @@ def test_seed_profiles_are_valid() -> None:
 
 
 def test_clip_ratio_c_must_exceed_one() -> None:
-    assert "actor.clip_ratio_c=1.0 must be greater than 1" in _problems(["actor.clip_ratio_c=1"])
+    assert "actor.clip_ratio_c=1.0 is out of range: it must be greater than 1" in _problems(["actor.clip_ratio_c=1"])
 
 
 def test_rollout_tp_must_divide_world() -> None:
@@ -151,7 +151,7 @@ def test_all_problems_reported_at_once() -> None:
         ]
     )
     assert msg.startswith("Invalid config, 3 problems: (1) ")
-    assert "(3) rollout.gpu_memory_utilization=1.5 must be in (0, 1]" in msg
+    assert "(3) rollout.gpu_memory_utilization=1.5 is out of range: it must be in (0, 1]" in msg
 
 
 def test_phase_timeouts_load_through_dotted_overrides() -> None:

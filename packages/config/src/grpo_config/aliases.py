@@ -8,12 +8,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 import structlog
+import yaml
 
 from grpo_config.errors import ConfigError
 
 log = structlog.get_logger()
+
+# MegatronConfig fields that are also megatron-core TransformerConfig fields: an
+# override_transformer_config entry of one of these names sets the grpo setting.
+TRANSFORMER_SETTINGS = (
+    "recompute_method",
+    "recompute_granularity",
+    "recompute_num_layers",
+    "moe_grouped_gemm",
+    "moe_permute_fusion",
+    "moe_token_dispatcher_type",
+    "moe_aux_loss_coeff",
+    "moe_z_loss_coeff",
+    "moe_router_load_balancing_type",
+    "attention_backend",
+    "apply_rope_fusion",
+    "gradient_accumulation_fusion",
+)
 
 _A = "actor_rollout_ref.actor"
 _R = "actor_rollout_ref.ref"
@@ -24,6 +43,11 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "actor_rollout_ref.model.path": "actor.model_path",
         "actor_rollout_ref.model.use_remove_padding": "actor.use_remove_padding",
         "actor_rollout_ref.model.enable_gradient_checkpointing": "actor.gradient_checkpointing",
+        "actor_rollout_ref.model.trust_remote_code": "actor.trust_remote_code",
+        "actor_rollout_ref.nccl_timeout": "timeouts.collective_s",
+        f"{_A}.megatron.dtype": "actor.dtype",
+        f"{_A}.megatron.use_remove_padding": "actor.use_remove_padding",
+        f"{_A}.optim.override_optimizer_config": "actor.megatron.override_optimizer_config",
         f"{_A}.strategy": "actor.backend",
         f"{_A}.optim.lr": "actor.lr",
         f"{_A}.optim.lr_warmup_steps": "actor.lr_warmup_steps",
@@ -60,6 +84,10 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_A}.megatron.use_distributed_optimizer": "actor.megatron.use_distributed_optimizer",
         f"{_A}.megatron.override_transformer_config": "actor.megatron.override_transformer_config",
         f"{_R}.log_prob_micro_batch_size_per_gpu": "ref.log_prob_micro_batch_size_per_device",
+        f"{_R}.log_prob_use_dynamic_bsz": "ref.log_prob_use_dynamic_bsz",
+        f"{_R}.log_prob_max_token_len_per_gpu": "ref.log_prob_max_token_len_per_device",
+        f"{_R}.megatron.dtype": "ref.dtype",
+        f"{_R}.megatron.use_remove_padding": "ref.use_remove_padding",
         f"{_R}.megatron.tensor_model_parallel_size": "ref.parallel.tp",
         f"{_R}.megatron.pipeline_model_parallel_size": "ref.parallel.pp",
         f"{_R}.megatron.expert_model_parallel_size": "ref.parallel.ep",
@@ -82,6 +110,12 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_RO}.max_model_len": "rollout.max_model_len",
         f"{_RO}.max_num_batched_tokens": "rollout.max_num_batched_tokens",
         f"{_RO}.log_prob_micro_batch_size_per_gpu": "actor.log_prob_micro_batch_size_per_device",
+        f"{_RO}.log_prob_use_dynamic_bsz": "actor.log_prob_use_dynamic_bsz",
+        f"{_RO}.log_prob_max_token_len_per_gpu": "actor.log_prob_max_token_len_per_device",
+        f"{_RO}.dtype": "rollout.dtype",
+        f"{_RO}.checkpoint_engine.update_weights_bucket_megabytes": "rollout.weight_sync_bucket_mb",
+        f"{_RO}.engine_kwargs.vllm": "rollout.engine_kwargs",
+        f"{_RO}.engine_kwargs.vllm.max_model_len": "rollout.max_model_len",
         f"{_RO}.val_kwargs.n": "rollout.val_n",
         f"{_RO}.val_kwargs.temperature": "rollout.val_temperature",
         "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std",
@@ -98,6 +132,12 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "trainer.project_name": "project_name",
         "trainer.experiment_name": "experiment_name",
         "actor.checkpoint.strict": "checkpoint.strict",
+        # Transformer-config keys grpo has as settings of their own (the rest stay overrides).
+        **{
+            f"{verl}.megatron.override_transformer_config.{name}": f"{ours}.megatron.{name}"
+            for verl, ours in ((_A, "actor"), (_R, "ref"))
+            for name in TRANSFORMER_SETTINGS
+        },
     }
 )
 
@@ -112,8 +152,92 @@ _BRIDGE_KEYS: Mapping[str, bool] = MappingProxyType(
     }
 )
 
+# verl keys with no grpo setting: the one value that describes what grpo does is accepted (and
+# dropped); any other is refused with the reason.
+_FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
+    {
+        "trainer.critic_warmup": (0, "GRPO has no critic, so there is no critic warm-up"),
+        f"{_A}.use_torch_compile": (
+            False,
+            "grpo does not torch.compile the log-prob / entropy functions (no effect on results, only "
+            "on speed); remove the key",
+        ),
+        f"{_RO}.calculate_log_probs": (
+            False,
+            "grpo computes the old log-probs with the actor (as verl does by default) and does not yet "
+            "collect vLLM's sampling log-probs (verl uses them for the rollout-vs-training log-prob gap "
+            "metric); remove the key",
+        ),
+    }
+)
+
+# verl keys refused whatever their value, with the reason.
+_REFUSED_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "data.filter_overlong_prompts_workers": (
+            "grpo tokenises and filters prompts in the driver in one pass (seconds for geo3k); there is "
+            "no worker pool to size. Remove the key (data.filter_overlong_prompts is honoured)"
+        ),
+    }
+)
+
+# trainer.logger entries -> the grpo logging switch each turns on.
+_LOGGERS: Mapping[str, str] = MappingProxyType({"console": "logging.console", "tensorboard": "logging.tensorboard"})
+
 # Roots that exist only as verl aliases: any key under them that is not an alias is unknown.
 ALIAS_ONLY_ROOTS = frozenset({"actor_rollout_ref", "trainer"})
+
+
+def _as_python(value: Any) -> Any:
+    """A verl override's text as YAML (Hydra's values are YAML); other values as they are."""
+    if isinstance(value, str):
+        try:
+            return yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    return value
+
+
+def _logger_settings(key: str, value: Any) -> list[tuple[str, Any]]:
+    loggers = _as_python(value)
+    if isinstance(loggers, str):
+        loggers = [loggers]
+    if not isinstance(loggers, list) or not all(isinstance(x, str) for x in loggers):
+        raise ConfigError(f"'{key}' must be a list of logger names, e.g. ['console'], got {value!r}.", key=key)
+    unknown = [name for name in loggers if name not in _LOGGERS]
+    if unknown:
+        raise ConfigError(
+            f"'{key}={value}' asks for {', '.join(repr(n) for n in unknown)}, which grpo does not ship "
+            f"(no account or network is assumed). grpo logs every step to the console, "
+            f"<logging.dir>/<project_name>/<experiment_name>/metrics.jsonl, TensorBoard and metrics.png "
+            f"(logging.console / jsonl / tensorboard / plot). Keep only "
+            f"{' and '.join(repr(n) for n in _LOGGERS)} in {key}.",
+            key=key,
+        )
+    return [(setting, name in loggers) for name, setting in _LOGGERS.items()]
+
+
+def _fixed_settings(key: str, value: Any) -> list[tuple[str, Any]]:
+    accepted, why = _FIXED_KEYS[key]
+    if _as_python(value) != accepted:
+        raise ConfigError(f"'{key}={value}' cannot be honoured: {why} (only {accepted!r} is accepted).", key=key)
+    return []
+
+
+def _refused_settings(key: str, value: Any) -> list[tuple[str, Any]]:
+    raise ConfigError(f"'{key}={value}' is not used by grpo: {_REFUSED_KEYS[key]}.", key=key)
+
+
+def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
+    """For a verl key with no one-to-one grpo setting: the (grpo key, value) pairs it sets (maybe
+    none), or ConfigError with the reason it is refused. None when `key` is not such a key."""
+    if key == "trainer.logger":
+        return _logger_settings(key, value)
+    if key in _FIXED_KEYS:
+        return _fixed_settings(key, value)
+    if key in _REFUSED_KEYS:
+        return _refused_settings(key, value)
+    return None
 
 
 def is_bridge_key(key: str) -> bool:
@@ -151,4 +275,4 @@ def resolve_alias(key: str) -> str | None:
 
 
 def all_alias_keys() -> list[str]:
-    return [*ALIASES, *_BRIDGE_KEYS]
+    return [*ALIASES, *_BRIDGE_KEYS, *_FIXED_KEYS, *_REFUSED_KEYS, "trainer.logger"]

@@ -23,6 +23,8 @@ INHERITED: Mapping[str, str] = {
     "dtype": "actor.dtype",
     "use_remove_padding": "actor.use_remove_padding",
     "log_prob_micro_batch_size_per_device": "actor.log_prob_micro_batch_size_per_device",
+    "log_prob_use_dynamic_bsz": "actor.log_prob_use_dynamic_bsz",
+    "log_prob_max_token_len_per_device": "actor.log_prob_max_token_len_per_device",
     "parallel": "parallel",
     "megatron": "actor.megatron",
 }

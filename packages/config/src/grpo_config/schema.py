@@ -43,8 +43,10 @@ class DataConfig:
     val_batch_size: int | None = None
     shuffle: bool = True
     seed: int = 1
-    # What to do with a prompt longer than max_prompt_length.
-    overlong_prompts: Literal["filter", "truncate_left", "truncate_right", "error"] = "filter"
+    # A prompt longer than max_prompt_length is dropped (and counted) when filter_overlong_prompts,
+    # else cut as `truncation` says ("error" stops the run), as verl's keys of the same names.
+    filter_overlong_prompts: bool = True
+    truncation: Literal["error", "left", "right"] = "error"
     apply_chat_template: bool = True
 
 
@@ -73,11 +75,14 @@ class MegatronConfig:
     apply_rope_fusion: bool = True
     gradient_accumulation_fusion: bool = False
     override_transformer_config: dict[str, Any] = field(default_factory=dict)
+    # megatron-core `OptimizerConfig` fields set after ours (e.g. overlap_cpu_optimizer_d2h_h2d).
+    override_optimizer_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ActorConfig:
     model_path: str = ""
+    trust_remote_code: bool = False  # passed to every transformers / vLLM / bridge load
     backend: Literal["torch", "megatron"] = "torch"
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     lr: float = 1e-6
@@ -97,8 +102,10 @@ class ActorConfig:
     use_kl_loss: bool = True
     kl_loss_coef: float = 0.001
     kl_loss_type: KLType = "low_var_kl"
-    use_remove_padding: bool = True
+    use_remove_padding: bool = False
     log_prob_micro_batch_size_per_device: int = 4
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_device: int = 16384
     gradient_checkpointing: bool = False
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
@@ -111,6 +118,8 @@ class RefConfig:
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     use_remove_padding: bool | None = None
     log_prob_micro_batch_size_per_device: int | None = None
+    log_prob_use_dynamic_bsz: bool | None = None
+    log_prob_max_token_len_per_device: int | None = None
     parallel: ParallelConfig | None = None
     megatron: MegatronConfig | None = None
 
@@ -118,6 +127,7 @@ class RefConfig:
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     engine: Literal["hf", "vllm"] = "vllm"
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None -> actor.dtype
     n: int = 5
     temperature: float = 1.0
     top_p: float = 1.0
@@ -132,6 +142,8 @@ class RolloutConfig:
     weight_sync_bucket_mb: int = 512
     val_n: int = 1
     val_temperature: float = 0.0
+    # Extra `vllm.LLM` keyword arguments (verl's engine_kwargs.vllm), checked against vLLM's EngineArgs.
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +193,8 @@ class TimeoutsConfig:
     update_s: float = 1800.0  # the policy update of one step
     weight_sync_s: float = 600.0  # policy -> rollout engine weights, rollout sleep / wake
     checkpoint_s: float = 1800.0  # save, load, HF export
+    # torch.distributed collectives (verl's nccl_timeout); None -> the longest phase + 60 s, >= 600 s.
+    collective_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ from grpo_config.aliases import (
     check_bridge_key,
     is_bridge_key,
     resolve_alias,
+    special_settings,
 )
 from grpo_config.coerce import OverrideText, coerce
 from grpo_config.errors import ConfigError
@@ -88,6 +89,11 @@ class FlatConfig:
     def assign(self, key: str, value: Any, *, refuse_conflict: bool) -> None:
         if is_bridge_key(key):
             check_bridge_key(key, coerce(value, bool, path=key, build_section=_no_sections))
+            return
+        settings = special_settings(key, value)
+        if settings is not None:
+            for target, setting in settings:
+                self.assign(target, setting, refuse_conflict=refuse_conflict)
             return
         target = resolve_alias(key) or key
         root = target.split(".", 1)[0]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
+from grpo_config.aliases import TRANSFORMER_SETTINGS
 from grpo_config.errors import ConfigError
 from grpo_config.schema import ParallelConfig, TimeoutsConfig, TrainerConfig
 
@@ -94,11 +97,22 @@ def _batch_problems(cfg: TrainerConfig, *, world: int) -> list[str]:
 def _pipeline_problems(cfg: TrainerConfig, *, dp: int) -> list[str]:
     """Pipeline stages exchange activations of one fixed shape: every micro-batch must have the
     same number of rows (widths are padded to the batch's longest row)."""
-    if cfg.actor.use_dynamic_bsz:
+    dynamic = [
+        key
+        for key, on in (
+            ("actor.use_dynamic_bsz", cfg.actor.use_dynamic_bsz),
+            ("actor.log_prob_use_dynamic_bsz", cfg.actor.log_prob_use_dynamic_bsz),
+            ("ref.log_prob_use_dynamic_bsz", cfg.ref.log_prob_use_dynamic_bsz),
+        )
+        if on
+    ]
+    if dynamic:
         return [
-            f"actor.use_dynamic_bsz=true with parallel.pp={cfg.parallel.pp} is not supported: pipeline "
-            "stages need micro-batches of one row count. Set actor.use_dynamic_bsz=false (micro-batches "
-            "of actor.ppo_micro_batch_size_per_device rows) or parallel.pp=1."
+            f"{' and '.join(f'{key}=true' for key in dynamic)} with parallel.pp={cfg.parallel.pp} is not "
+            "supported: pipeline stages need micro-batches of one row count. Set "
+            f"{' and '.join(f'{key}=false' for key in dynamic)} (micro-batches of "
+            "actor.ppo_micro_batch_size_per_device / log_prob_micro_batch_size_per_device rows) or "
+            "parallel.pp=1."
         ]
     rows = cfg.data.train_batch_size * cfg.rollout.n // dp  # one data-parallel rank's rows per step
     sizes = {"actor.log_prob_micro_batch_size_per_device": cfg.actor.log_prob_micro_batch_size_per_device}
@@ -113,23 +127,178 @@ def _pipeline_problems(cfg: TrainerConfig, *, dp: int) -> list[str]:
     ]
 
 
+# (dotted key, test of the value, what the value must be): each checked on the resolved config.
+_RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("actor.lr", lambda v: v > 0, "a positive learning rate, e.g. 1e-6"),
+    ("actor.lr_warmup_steps", lambda v: v >= 0, ">= 0 steps"),
+    ("actor.weight_decay", lambda v: v >= 0, ">= 0"),
+    ("actor.grad_clip", lambda v: v > 0, "a positive gradient-norm bound, e.g. 1.0"),
+    ("actor.ppo_epochs", lambda v: v >= 1, ">= 1"),
+    ("actor.ppo_max_token_len_per_device", lambda v: v >= 1, ">= 1 tokens"),
+    ("actor.log_prob_max_token_len_per_device", lambda v: v >= 1, ">= 1 tokens"),
+    ("ref.log_prob_max_token_len_per_device", lambda v: v >= 1, ">= 1 tokens"),
+    ("actor.clip_ratio_low", lambda v: v >= 0, ">= 0 (PPO clips the ratio to [1 - low, 1 + high])"),
+    ("actor.clip_ratio_high", lambda v: v >= 0, ">= 0 (PPO clips the ratio to [1 - low, 1 + high])"),
+    ("actor.clip_ratio_c", lambda v: v > 1, "greater than 1 (dual-clip lower bound of the PPO loss), e.g. 3.0"),
+    ("actor.kl_loss_coef", lambda v: v >= 0, ">= 0"),
+    ("actor.megatron.optimizer_offload_fraction", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("actor.megatron.moe_aux_loss_coeff", lambda v: v >= 0, ">= 0"),
+    ("actor.megatron.moe_z_loss_coeff", lambda v: v >= 0, ">= 0"),
+    ("data.max_prompt_length", lambda v: v >= 1, ">= 1 tokens"),
+    ("data.max_response_length", lambda v: v >= 1, ">= 1 tokens"),
+    ("data.val_batch_size", lambda v: v is None or v >= 1, ">= 1 or null (all validation prompts at once)"),
+    ("rollout.temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
+    ("rollout.val_temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
+    ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("rollout.top_k", lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"),
+    ("rollout.max_tokens", lambda v: v is None or v >= 1, ">= 1 or null (data.max_response_length)"),
+    ("rollout.gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1], e.g. 0.6"),
+    ("rollout.max_model_len", lambda v: v is None or v >= 1, ">= 1 or null"),
+    ("rollout.max_num_batched_tokens", lambda v: v >= 1, ">= 1"),
+    ("rollout.weight_sync_bucket_mb", lambda v: v >= 1, ">= 1 MB"),
+    ("rollout.val_n", lambda v: v >= 1, ">= 1"),
+    ("algorithm.adv_eps", lambda v: v > 0, "> 0 (added to the group's standard deviation), e.g. 1e-6"),
+    ("reward.timeout_s", lambda v: v > 0, "> 0 seconds"),
+    ("reward.num_workers", lambda v: v >= 1, ">= 1"),
+    ("checkpoint.save_freq", lambda v: v == -1 or v >= 1, "-1 (only at the end) or >= 1 steps"),
+    ("checkpoint.max_to_keep", lambda v: v is None or v >= 1, ">= 1 or null (keep all)"),
+    ("test_freq", lambda v: v == -1 or v >= 1, "-1 (never) or >= 1 steps"),
+    ("total_epochs", lambda v: v >= 1, ">= 1"),
+    ("total_training_steps", lambda v: v is None or v >= 1, ">= 1 or null (total_epochs decides)"),
+    ("timeouts.collective_s", lambda v: v is None or 0 < v < math.inf, "a positive, finite number of seconds or null"),
+)
+
+# (dotted key, a value we cannot honour yet, why, what to do instead).
+_NOT_YET: tuple[tuple[str, Any, str], ...] = (
+    (
+        "actor.use_remove_padding",
+        True,
+        "packed (padding-free) sequences are not implemented in grpo's backends yet; Qwen3.5's Gated "
+        "DeltaNet layers train packed only with FLA's kernels on Triton >= 3.7.1. Set it to "
+        "false: rows are padded, results are the same, only slower",
+    ),
+    (
+        "actor.megatron.use_dist_checkpointing",
+        True,
+        "grpo saves the Megatron state as one file per rank plus the HF export (checkpoint.export_hf); "
+        "megatron-core distributed (torch_dist) checkpoints are not written or read. Set it to false",
+    ),
+    (
+        "ref.use_remove_padding",
+        True,
+        "packed (padding-free) sequences are not implemented in grpo's backends yet; set it to false",
+    ),
+    (
+        "ref.megatron.use_dist_checkpointing",
+        True,
+        "the reference model is loaded from its HF checkpoint (ref.model_path); set it to false",
+    ),
+    (
+        "algorithm.use_kl_in_reward",
+        True,
+        "the KL penalty in the reward (verl's use_kl_in_reward) is not implemented; grpo applies KL as "
+        "a loss term: set algorithm.use_kl_in_reward=false and actor.use_kl_loss=true",
+    ),
+)
+
+
+def _lookup(cfg: TrainerConfig, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+# megatron-core OptimizerConfig fields that grpo sets from its own settings.
+_OPTIMIZER_SETTINGS: dict[str, str] = {
+    "lr": "actor.lr",
+    "min_lr": "actor.lr",
+    "weight_decay": "actor.weight_decay",
+    "clip_grad": "actor.grad_clip",
+    "bf16": "actor.dtype",
+    "fp16": "actor.dtype",
+    "params_dtype": "actor.dtype",
+    "use_distributed_optimizer": "actor.megatron.use_distributed_optimizer",
+    "optimizer_offload_fraction": "actor.megatron.optimizer_offload_fraction",
+}
+
+
+# vllm.LLM arguments that grpo sets from its own settings.
+_ENGINE_SETTINGS: dict[str, str] = {
+    "model": "actor.model_path",
+    "dtype": "rollout.dtype",
+    "tensor_parallel_size": "rollout.tensor_parallel_size",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "enforce_eager": "rollout.enforce_eager",
+    "max_model_len": "rollout.max_model_len",
+    "max_num_batched_tokens": "rollout.max_num_batched_tokens",
+    "enable_sleep_mode": "rollout.free_cache_engine",
+    "seed": "seed",
+    "trust_remote_code": "actor.trust_remote_code",
+}
+
+
+def _override_problems(cfg: TrainerConfig) -> list[str]:
+    """An override dict may not set what a grpo setting sets: two places for one value."""
+    problems: list[str] = []
+    for section in ("actor", "ref"):
+        megatron = getattr(cfg, section).megatron
+        if section == "ref" and megatron == cfg.actor.megatron:
+            continue
+        problems += [
+            f"{section}.megatron.override_transformer_config.{name} is a grpo setting of its own: set "
+            f"{section}.megatron.{name} instead."
+            for name in megatron.override_transformer_config
+            if name in TRANSFORMER_SETTINGS
+        ]
+    engine_kwargs = cfg.rollout.engine_kwargs
+    if engine_kwargs and cfg.rollout.engine != "vllm":
+        problems.append(
+            f"rollout.engine_kwargs={engine_kwargs} are vllm.LLM arguments; rollout.engine="
+            f"{cfg.rollout.engine} takes none. Remove them or set rollout.engine=vllm."
+        )
+    problems += [
+        f"rollout.engine_kwargs.{name} is set by grpo from {ours}: set {ours} instead."
+        for name in engine_kwargs
+        if (ours := _ENGINE_SETTINGS.get(name))
+    ]
+    if cfg.actor.backend == "megatron" and cfg.ref.dtype not in (None, cfg.actor.dtype):
+        problems.append(
+            f"ref.dtype={cfg.ref.dtype} differs from actor.dtype={cfg.actor.dtype}: the Megatron "
+            f"backend builds the reference model in actor.dtype. Unset ref.dtype."
+        )
+    problems += [
+        f"actor.megatron.override_optimizer_config.{name} is set by grpo from {ours}: set {ours} instead."
+        for name in cfg.actor.megatron.override_optimizer_config
+        if (ours := _OPTIMIZER_SETTINGS.get(name))
+    ]
+    return problems
+
+
 def _value_problems(cfg: TrainerConfig) -> list[str]:
     problems: list[str] = []
-    if not cfg.actor.clip_ratio_c > 1.0:
+    for key, ok, expected in _RANGES:
+        value = _lookup(cfg, key)
+        if _not_finite(value) or not ok(value):
+            problems.append(f"{key}={value} is out of range: it must be {expected}.")
+    for key, refused, why in _NOT_YET:
+        inherited = key.startswith("ref.") and _lookup(cfg, "actor." + key[4:]) == refused
+        if _lookup(cfg, key) == refused and not inherited:
+            problems.append(f"{key}={refused} cannot be honoured: {why}.")
+    problems += _override_problems(cfg)
+    if cfg.algorithm.adv_estimator == "grpo" and cfg.rollout.n < 2:
         problems.append(
-            f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be greater than 1 (dual-clip lower bound "
-            f"of the PPO loss); the usual value is 3.0."
+            f"rollout.n={cfg.rollout.n} with algorithm.adv_estimator=grpo: GRPO's advantage is a "
+            f"response's reward against its group of rollout.n responses, so with one response every "
+            f"advantage is 0 and nothing is learned. Set rollout.n >= 2 (the recipes use 5 or 6)."
         )
-    if not 0.0 < cfg.rollout.gpu_memory_utilization <= 1.0:
-        problems.append(
-            f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} must be in (0, 1], "
-            f"e.g. 0.6."
-        )
-    if not 0.0 < cfg.rollout.top_p <= 1.0:
-        problems.append(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1].")
     for name, default in _TIMEOUT_DEFAULTS.items():
         seconds = getattr(cfg.timeouts, name)
-        if not 0.0 < seconds < math.inf:
+        if default is not None and not 0.0 < seconds < math.inf:
             problems.append(
                 f"timeouts.{name}={seconds} must be a positive, finite number of seconds (how long the "
                 f"driver waits for every rank in that phase before it stops the run): set "

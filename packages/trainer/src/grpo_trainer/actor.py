@@ -33,11 +33,10 @@ class Actor:
         self.schedule = LRSchedule(lr=cfg.actor.lr, warmup_steps=cfg.actor.lr_warmup_steps)
         self.shape = MicroBatchShape.for_config(cfg)
 
-    def _micro_batches(self, batch: PolicyBatch, *, size: int) -> list[MicroBatch]:
-        """Collective with a token budget (`use_dynamic_bsz`) over several data-parallel ranks: they
-        agree on one micro-batch count, the largest any of them plans."""
-        actor = self.cfg.actor
-        max_tokens = actor.ppo_max_token_len_per_device if actor.use_dynamic_bsz else None
+    def _micro_batches(self, batch: PolicyBatch, *, size: int, max_tokens: int | None) -> list[MicroBatch]:
+        """Micro-batches of `size` rows, or under a budget of `max_tokens` tokens when given.
+        Collective with a token budget over several data-parallel ranks: they agree on one
+        micro-batch count, the largest any of them plans."""
         count = None
         backend = self.backend
         if max_tokens is not None and backend.dp_size > 1:
@@ -48,16 +47,22 @@ class Actor:
             count = int(backend.data_parallel_sum(counts).max().item())
         return micro_batches(batch, micro_batch_size=size, max_tokens=max_tokens, shape=self.shape, count=count)
 
+    def _log_prob_setting(self, name: str, *, ref: bool) -> Any:
+        """`ref.<name>` for the reference model when set (grpo_config.load fills it from the
+        actor), else `actor.<name>`."""
+        own = getattr(self.cfg.ref, name) if ref else None
+        return own if own is not None else getattr(self.cfg.actor, name)
+
     # -- log-probs --------------------------------------------------------------------------------
     def log_probs(self, batch: PolicyBatch, *, ref: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         """{"log_probs": [B, T]} (and "entropy") of `batch` under the policy or, with `ref`, the
         frozen reference, float32 on the CPU, in the batch's row order."""
         if ref and not self.loss.uses_reference:
             raise ValueError("no reference model: it is only built when actor.use_kl_loss=true")
-        size = self.cfg.actor.log_prob_micro_batch_size_per_device
-        if ref:
-            size = self.cfg.ref.log_prob_micro_batch_size_per_device or size
-        micros = self._micro_batches(batch, size=size)
+        size = self._log_prob_setting("log_prob_micro_batch_size_per_device", ref=ref)
+        dynamic = self._log_prob_setting("log_prob_use_dynamic_bsz", ref=ref)
+        max_tokens = self._log_prob_setting("log_prob_max_token_len_per_device", ref=ref) if dynamic else None
+        micros = self._micro_batches(batch, size=size, max_tokens=max_tokens)
         outputs = self.backend.log_probs([m.batch for m in micros], ref=ref, with_entropy=with_entropy)
         rows, width = batch.input_ids.shape
         keys = ["log_probs", *(["entropy"] if with_entropy else [])]
@@ -92,7 +97,12 @@ class Actor:
             raise ValueError("an update needs the batch's advantages and old_log_probs")
         if self.loss.uses_reference and mini.ref_log_probs is None:
             raise ValueError("actor.use_kl_loss=true but the batch has no ref_log_probs")
-        micros = [m.batch for m in self._micro_batches(mini, size=self.cfg.actor.ppo_micro_batch_size_per_device)]
+        actor = self.cfg.actor
+        max_tokens = actor.ppo_max_token_len_per_device if actor.use_dynamic_bsz else None
+        micros = [
+            m.batch
+            for m in self._micro_batches(mini, size=actor.ppo_micro_batch_size_per_device, max_tokens=max_tokens)
+        ]
         backend = self.backend
         scale = LossScale.of(
             (m.response_mask for m in micros), dp_size=backend.dp_size, all_reduce_sum=backend.data_parallel_sum

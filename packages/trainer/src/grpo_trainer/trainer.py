@@ -70,6 +70,10 @@ class PhaseTimer:
             self.metrics[f"timing/{phase}_s"] = time.perf_counter() - started
 
 
+# data.truncation -> PromptDataset's overlong mode (used when data.filter_overlong_prompts=false).
+_TRUNCATION = {"error": "error", "left": "truncate_left", "right": "truncate_right"}
+
+
 def _batches(sampler: ResumableSampler) -> Iterator[list[int]]:
     while True:
         yield from sampler
@@ -83,12 +87,14 @@ class _Run:
 
         self.cfg = cfg
         self.world_size = cfg.device.nnodes * cfg.device.devices_per_node
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            cfg.actor.model_path, trust_remote_code=cfg.actor.trust_remote_code
+        )
         data = cfg.data
         dataset_args = {
             "prompt_key": data.prompt_key,
             "max_prompt_length": data.max_prompt_length,
-            "overlong": data.overlong_prompts,
+            "overlong": "filter" if data.filter_overlong_prompts else _TRUNCATION[data.truncation],
             "apply_chat_template": data.apply_chat_template,
         }
         if not data.train_files:

@@ -7,6 +7,7 @@ the policy is called on all ranks in the same order (they hold collectives).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from datetime import timedelta
@@ -38,9 +39,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _collective_timeout_s(cfg: TrainerConfig) -> float:
-    longest_phase = max(float(v) for v in vars(cfg.timeouts).values())
-    return max(MIN_COLLECTIVE_TIMEOUT_S, longest_phase + 60.0)
+def collective_timeout_s(cfg: TrainerConfig) -> float:
+    """`timeouts.collective_s` when set, else past the longest phase timeout (and >= 600 s)."""
+    if cfg.timeouts.collective_s is not None:
+        return cfg.timeouts.collective_s
+    phases = dataclasses.asdict(cfg.timeouts)
+    del phases["collective_s"]
+    return max(MIN_COLLECTIVE_TIMEOUT_S, max(phases.values()) + 60.0)
 
 
 class PolicyWorker:
@@ -81,13 +86,15 @@ class PolicyWorker:
                 init_method=f"tcp://{master_addr}:{master_port}",
                 rank=self.rank,
                 world_size=self.world_size,
-                timeout=timedelta(seconds=_collective_timeout_s(self.cfg)),
+                timeout=timedelta(seconds=collective_timeout_s(self.cfg)),
             )
         device = torch_device(kind, index=0)  # Ray exposes one accelerator per worker
         manual_seed_all(self.cfg.seed, kind=kind)  # same initial state on every rank
         backend = make_backend(self.cfg, device=device)
         self.actor = Actor(self.cfg, backend)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.actor.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            self.cfg.actor.model_path, trust_remote_code=self.cfg.actor.trust_remote_code
+        )
         shared = getattr(backend, "module", None)  # the hf engine generates with the policy's own module
         self.engine = make_rollout_engine(self.cfg, device=device, tokenizer=self.tokenizer, policy_module=shared)
         log.info(

@@ -42,14 +42,14 @@ class TorchBackend:
         self.dp_size = _world_size()
         self.dp_rank = _rank()
         actor = cfg.actor
-        self.module = load_causal_lm(actor.model_path, device=device)
+        self.module = load_causal_lm(actor.model_path, device=device, trust_remote_code=actor.trust_remote_code)
         self.ref_module: torch.nn.Module | None = None
         if actor.use_kl_loss:
             ref_path = cfg.ref.model_path or actor.model_path
             self.ref_module = (
                 copy.deepcopy(self.module)
                 if ref_path == actor.model_path
-                else load_causal_lm(ref_path, device=device)
+                else load_causal_lm(ref_path, device=device, trust_remote_code=actor.trust_remote_code)
             )
             self.ref_module.requires_grad_(False).eval()
         if actor.gradient_checkpointing:

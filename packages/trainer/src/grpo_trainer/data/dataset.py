@@ -128,7 +128,7 @@ class PromptDataset:
                 raise OverlongPromptError(
                     f"row {raw.index} ({raw.location}) has a {len(prompt_ids)}-token prompt, over "
                     f"max_prompt_length={limit}; raise data.max_prompt_length or set "
-                    "data.overlong_prompts to filter / truncate_left / truncate_right"
+                    "data.filter_overlong_prompts=true, or data.truncation=left / right"
                 )
             if self.overlong == "filter":
                 self.report.n_filtered_overlong += 1

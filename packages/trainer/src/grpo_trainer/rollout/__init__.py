@@ -30,9 +30,9 @@ def make_rollout_engine(
         model = (
             policy_module
             if policy_module is not None
-            else load_causal_lm(cfg.actor.model_path, device=device)
+            else load_causal_lm(cfg.actor.model_path, device=device, trust_remote_code=cfg.actor.trust_remote_code)
         )
-        dtype = DTYPES[cfg.actor.dtype]
+        dtype = DTYPES[cfg.rollout.dtype or cfg.actor.dtype]
         return HFRolloutEngine(
             model=model,
             eos_token_id=tokenizer.eos_token_id,

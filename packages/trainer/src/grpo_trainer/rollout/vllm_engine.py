@@ -9,6 +9,8 @@ reloaded from disk. `vllm` is imported only when an engine is built.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import shutil
 import time
@@ -34,6 +36,22 @@ log = structlog.get_logger()
 WORKER_EXTENSION = "grpo_trainer.rollout.vllm_worker_ext.GRPOWorkerExtension"
 ReferenceLogprobs = Callable[[Sequence[int], Sequence[int]], Sequence[float]]
 SHM_DIR = Path("/dev/shm")
+
+
+def engine_kwargs(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`rollout.engine_kwargs` checked against vLLM's `EngineArgs` fields (the keyword arguments
+    `vllm.LLM` passes on); an unknown key raises naming the nearest field."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    valid = {f.name for f in dataclasses.fields(EngineArgs)}
+    unknown = sorted(set(extra) - valid)
+    if unknown:
+        hints = [
+            f"{key!r}" + (f" (did you mean {near[0]!r}?)" if (near := difflib.get_close_matches(key, valid, 1)) else "")
+            for key in unknown
+        ]
+        raise ValueError(f"rollout.engine_kwargs has keys vLLM's EngineArgs does not have: {', '.join(hints)}")
+    return dict(extra)
 
 
 class VLLMRolloutEngine:
@@ -121,11 +139,12 @@ class VLLMRolloutEngine:
                 model_path,
                 tokens=max_model_len
                 * max(cfg.data.train_batch_size * rollout.n, cfg.data.val_batch_size or 0),
-                dtype=cfg.actor.dtype,
+                dtype=rollout.dtype or cfg.actor.dtype,
             )
+        dtype = rollout.dtype or cfg.actor.dtype
         kwargs: dict[str, Any] = {
             "model_path": model_path,
-            "dtype": cfg.actor.dtype,
+            "dtype": dtype,
             "tensor_parallel_size": rollout.tensor_parallel_size,
             "gpu_memory_utilization": rollout.gpu_memory_utilization,
             "enforce_eager": rollout.enforce_eager,
@@ -135,6 +154,7 @@ class VLLMRolloutEngine:
             "enable_sleep_mode": rollout.free_cache_engine,
             "kv_cache_memory_bytes": kv_cache_memory_bytes,
             "seed": cfg.seed,
+            "llm_kwargs": {**engine_kwargs(rollout.engine_kwargs), "trust_remote_code": cfg.actor.trust_remote_code},
         }
         kwargs.update(overrides)
         return cls(**kwargs)

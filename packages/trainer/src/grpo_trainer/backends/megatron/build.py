@@ -145,7 +145,9 @@ def build_policy(
     megatron = megatron or cfg.actor.megatron
     auto_bridge = import_auto_bridge()
     init_distributed(device)
-    bridge = auto_bridge.from_hf_pretrained(model_path, torch_dtype=_DTYPES[cfg.actor.dtype])
+    bridge = auto_bridge.from_hf_pretrained(
+        model_path, torch_dtype=_DTYPES[cfg.actor.dtype], trust_remote_code=cfg.actor.trust_remote_code
+    )
     provider = bridge.to_megatron_provider(load_weights=True)
     seq_length = cfg.data.max_prompt_length + cfg.data.max_response_length
     configure_provider(provider, cfg, megatron=megatron, seq_length=seq_length)
@@ -185,7 +187,7 @@ def build_optimizer(cfg: TrainerConfig, model: list[torch.nn.Module], *, megatro
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     offload_fraction = megatron.optimizer_offload_fraction or (1.0 if megatron.optimizer_offload else 0.0)
-    config = OptimizerConfig(
+    settings: dict[str, Any] = dict(
         optimizer="adam",
         lr=cfg.actor.lr,
         min_lr=cfg.actor.lr,
@@ -201,7 +203,9 @@ def build_optimizer(cfg: TrainerConfig, model: list[torch.nn.Module], *, megatro
         optimizer_offload_fraction=offload_fraction,
         use_precision_aware_optimizer=offload_fraction > 0,
     )
-    return get_megatron_optimizer(config, model)
+    valid = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    settings.update(validate_overrides(megatron.override_optimizer_config, valid, setting="override_optimizer_config"))
+    return get_megatron_optimizer(OptimizerConfig(**settings), model)
 
 
 def wire_model_config(model: list[torch.nn.Module], optimizer: Any) -> None:

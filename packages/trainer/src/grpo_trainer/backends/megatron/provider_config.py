@@ -236,9 +236,12 @@ def nearest_field(name: str, valid_fields: Collection[str]) -> str | None:
     return matches[0] if matches else None
 
 
-def validate_overrides(overrides: Mapping[str, Any], valid_fields: Collection[str]) -> dict[str, Any]:
-    """`override_transformer_config` checked against the provider's fields. An unknown key raises
-    `UnknownOverrideFieldError` naming it and the nearest valid field."""
+def validate_overrides(
+    overrides: Mapping[str, Any], valid_fields: Collection[str], *, setting: str = "override_transformer_config"
+) -> dict[str, Any]:
+    """`actor.megatron.<setting>` checked against the fields of what it overrides (the provider's,
+    or megatron-core's OptimizerConfig). An unknown key raises `UnknownOverrideFieldError` naming it
+    and the nearest valid field."""
     unknown = [key for key in overrides if key not in valid_fields]
     if unknown:
         hints = []
@@ -246,7 +249,7 @@ def validate_overrides(overrides: Mapping[str, Any], valid_fields: Collection[st
             nearest = nearest_field(key, valid_fields)
             hints.append(f"{key!r} (did you mean {nearest!r}?)" if nearest else repr(key))
         raise UnknownOverrideFieldError(
-            "actor.megatron.override_transformer_config has keys the Megatron provider does not have: "
+            f"actor.megatron.{setting} has keys that megatron-core does not have: "
             + ", ".join(hints)
         )
     return dict(overrides)
