@@ -32,6 +32,7 @@ OVERRIDES = [
     "actor.ppo_mini_batch_size=4",
     "actor.ppo_micro_batch_size_per_device=16",
     "checkpoint.save_freq=2",
+    "checkpoint.export_hf=true",
     "test_freq=3",
 ]
 CHILD = """
@@ -95,6 +96,36 @@ def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
     assert {s for s, r in records.items() if "val/reward_mean" in r} == {3, 6}
     assert result.plot_path is not None and result.plot_path.read_bytes()[:4] == b"\x89PNG"
     assert list((workdir / "runs" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_every_save_exports_the_trained_policy_as_hf_weights(run_a) -> None:
+    """checkpoint.export_hf: each save writes `huggingface/` after the training state; transformers
+    loads it and gives the logits of the checkpoint's trained weights (not the initial ones)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo_ckpt import CheckpointManager
+
+    workdir, result = run_a
+    for name in ("global_step_4", "global_step_6"):
+        step_dir = result.checkpoint_dir / name
+        outcome = json.loads((step_dir / "manifest.json").read_text())["hf_export"]
+        assert outcome["status"] == "ok" and outcome["strict"] is True
+        assert outcome["model_keys_not_written"] == [] and outcome["written"] > 0
+        hf = step_dir / "huggingface"
+        assert (hf / "config.json").is_file() and (hf / "tokenizer_config.json").is_file()
+        assert list(hf.glob("*.safetensors"))
+    step_dir = result.checkpoint_dir / "global_step_6"
+    initial_path = tiny_preset(workdir)["actor"]["model_path"]
+    exported = AutoModelForCausalLM.from_pretrained(step_dir / "huggingface", dtype=torch.float32)
+    trained = AutoModelForCausalLM.from_pretrained(initial_path, dtype=torch.float32)
+    trained.load_state_dict(CheckpointManager(result.checkpoint_dir).load(step_dir).model)
+    initial = AutoModelForCausalLM.from_pretrained(initial_path, dtype=torch.float32)
+    ids = torch.tensor([[3, 5, 7, 9, 11, 2, 4]])
+    with torch.no_grad():
+        logits = exported(input_ids=ids).logits
+        assert torch.equal(logits, trained(input_ids=ids).logits)
+        assert not torch.allclose(logits, initial(input_ids=ids).logits)
 
 
 def test_same_seed_gives_identical_rewards(run_a, tmp_path) -> None:

@@ -9,6 +9,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from grpo_ckpt import StrictExportError
 from grpo_ckpt.export import EXPORT_MANIFEST, export_hf_torch
 
 
@@ -47,17 +48,20 @@ def test_torch_export_round_trips_and_records_manifest(tmp_path: Path, tied: boo
     assert "config.json" in manifest["files"] and "tokenizer.json" in manifest["files"]
 
 
-def test_torch_export_reports_a_tensor_written_under_no_name(tmp_path: Path) -> None:
+def test_torch_export_reports_a_tensor_the_files_lack(tmp_path: Path) -> None:
+    """A save_pretrained that forgets a tensor (injected: what the load-back check exists to catch)."""
     model = _tiny_qwen3(tied=False)
+    save = model.save_pretrained
+    model.save_pretrained = lambda path: save(
+        path, state_dict={k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    )
 
-    class DropsOne(torch.nn.Module):
-        """A model whose save_pretrained forgets a tensor: what the report exists to catch."""
-
-        def state_dict(self) -> dict[str, torch.Tensor]:
-            return model.state_dict()
-
-        def save_pretrained(self, path: Path) -> None:
-            model.save_pretrained(path, state_dict={k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
-
-    report = export_hf_torch(DropsOne(), None, tmp_path / "hf")
+    report = export_hf_torch(model, None, tmp_path / "lenient", strict=False)
     assert report.model_keys_not_written == ["lm_head.weight"] and not report.complete
+    manifest = json.loads((tmp_path / "lenient" / EXPORT_MANIFEST).read_text())
+    assert manifest["hf_export"]["model_keys_not_written"] == ["lm_head.weight"]
+
+    with pytest.raises(StrictExportError, match="lm_head.weight") as info:
+        export_hf_torch(model, None, tmp_path / "strict", strict=True)
+    assert info.value.missing == ["lm_head.weight"]
+    assert not (tmp_path / "strict" / EXPORT_MANIFEST).exists()

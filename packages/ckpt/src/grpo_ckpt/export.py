@@ -166,10 +166,14 @@ def export_hf(bridge: Any, model: Any, path: str | Path, *, strict: bool, show_p
     return report
 
 
-def export_hf_torch(model: Any, tokenizer: Any, path: str | Path) -> ExportReport:
+def export_hf_torch(model: Any, tokenizer: Any, path: str | Path, *, strict: bool = True) -> ExportReport:
     """HF-model backend: `model.save_pretrained` (safetensors) + `tokenizer.save_pretrained` when given.
 
-    Tied weights are written once by transformers; only tensors written under no name are reported.
+    transformers writes its checkpoint format, not the module's names (fused MoE experts are written
+    per expert; tied weights once), so the export is checked the way a user reads it: loaded back
+    with transformers. A model tensor the load does not find (or finds with another shape) raises
+    `StrictExportError` under `strict` (the files stay, with no export manifest); without `strict`
+    the manifest lists it.
     """
     path = Path(path)
     started = time.perf_counter()
@@ -179,23 +183,28 @@ def export_hf_torch(model: Any, tokenizer: Any, path: str | Path) -> ExportRepor
     written = set(written_keys(path))
     report = ExportReport(
         path=path,
-        strict=True,
+        strict=strict,
         backend="torch",
         written=sorted(written),
-        model_keys_not_written=_unwritten_state_keys(model.state_dict(), written),
+        model_keys_not_written=_not_loaded_back(type(model), path),
         seconds=round(time.perf_counter() - started, 3),
     )
+    if strict and report.model_keys_not_written:
+        raise _strict_error(
+            "transformers' save_pretrained wrote no file holding these model tensors",
+            missing=report.model_keys_not_written,
+            unexpected=[],
+        )
     _finish(report)
     return report
 
 
-def _unwritten_state_keys(state: dict[str, Any], written: set[str]) -> list[str]:
-    """State-dict keys absent from the files, counting tied aliases (same storage) as written when
-    one of them was: transformers stores tied weights once."""
-    groups: dict[tuple[int, int, tuple[int, ...]], list[str]] = {}
-    for key, tensor in state.items():
-        groups.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)), []).append(key)
-    return sorted(k for keys in groups.values() if not written.intersection(keys) for k in keys)
+def _not_loaded_back(model_class: Any, path: Path) -> list[str]:
+    """Model tensors that loading `path` back with transformers does not find, or finds with
+    another shape."""
+    _, info = model_class.from_pretrained(path, output_loading_info=True)
+    mismatched = [entry[0] if isinstance(entry, tuple) else entry for entry in info.get("mismatched_keys", [])]
+    return sorted({*info["missing_keys"], *mismatched})
 
 
 def _finish(report: ExportReport) -> None:

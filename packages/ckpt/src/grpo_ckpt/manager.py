@@ -155,6 +155,15 @@ class CheckpointManager:
         barrier()
         return step_dir
 
+    @staticmethod
+    def record_hf_export(step_dir: str | Path, outcome: dict[str, Any]) -> None:
+        """Add an HF export's outcome (`{"status": "ok" | "failed", ...}`) to a complete
+        checkpoint's manifest as `hf_export`. The file list is unchanged: the training state stays
+        verifiable and resumable whatever the export did. Call on one rank."""
+        manifest = mf.read_manifest(Path(step_dir))
+        manifest["hf_export"] = json_safe(outcome)
+        mf.write_manifest(Path(step_dir), manifest)
+
     def _prepare_empty(self, step_dir: Path) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         if step_dir.exists():  # re-saving a step: un-complete it first, then clear it

@@ -163,10 +163,9 @@ _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
             "on speed); remove the key",
         ),
         f"{_RO}.calculate_log_probs": (
-            False,
-            "grpo computes the old log-probs with the actor (as verl does by default) and does not yet "
-            "collect vLLM's sampling log-probs (verl uses them for the rollout-vs-training log-prob gap "
-            "metric); remove the key",
+            True,
+            "grpo always collects the rollout engine's sampling log-probs and logs their gap to the "
+            "actor's as rollout/logprob_abs_diff every step; it cannot be switched off",
         ),
     }
 )

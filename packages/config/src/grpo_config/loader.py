@@ -14,7 +14,8 @@ from grpo_config.sources import FlatConfig, collect, read_source
 from grpo_config.validate import validate
 
 
-def _build(flat: FlatConfig) -> TrainerConfig:
+def build(flat: FlatConfig) -> TrainerConfig:
+    """The typed config of collected keys, ref inheritance resolved, not yet validated."""
     nested = flat.nested()
     raw_ref = nested.pop("ref", None)
     try:
@@ -44,6 +45,6 @@ def load(
 
     Raises ConfigError (a ValueError) with the dotted key and the fix.
     """
-    cfg = _build(collect(read_source(source), overrides))
+    cfg = build(collect(read_source(source), overrides))
     validate(cfg, num_experts=num_experts)
     return cfg

@@ -279,7 +279,8 @@ def _override_problems(cfg: TrainerConfig) -> list[str]:
     return problems
 
 
-def _value_problems(cfg: TrainerConfig) -> list[str]:
+def value_problems(cfg: TrainerConfig) -> list[str]:
+    """Problems of single values (ranges, values grpo cannot honour, overrides of grpo settings)."""
     problems: list[str] = []
     for key, ok, expected in _RANGES:
         value = _lookup(cfg, key)
@@ -328,7 +329,7 @@ def validate(cfg: TrainerConfig, *, num_experts: int | None = None) -> None:
                 f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} does not divide the "
                 f"world size {world} (device.nnodes * device.devices_per_node): choose a divisor of {world}."
             )
-    problems += _value_problems(cfg)
+    problems += value_problems(cfg)
     if problems:
         numbered = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
         plural = "problem" if len(problems) == 1 else "problems"

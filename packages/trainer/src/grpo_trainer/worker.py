@@ -31,6 +31,8 @@ log = structlog.get_logger()
 # that a rank waiting on a slow peer is reported by the driver's phase timeout, with stacks, rather
 # than killed by the collective library's watchdog first.
 MIN_COLLECTIVE_TIMEOUT_S = 600.0
+# Where a checkpoint step's HF export goes (checkpoint.export_hf), as in verl.
+HF_EXPORT_DIR = "huggingface"
 
 
 def free_port() -> int:
@@ -161,7 +163,32 @@ class PolicyWorker:
             dataloader_state=dataloader_state,
             transformer_config=getattr(getattr(actor.backend, "module", None), "config", None),
         )
+        if ckpt.export_hf:
+            self._export_hf_into(path, strict=ckpt.strict)
         return str(path)
+
+    def _export_hf_into(self, step_dir: Path, *, strict: bool) -> None:
+        """HF weights of a saved step under `<step_dir>/huggingface/`, the outcome recorded in the
+        step's manifest. A strict failure leaves the training state complete and resumable, marks
+        the export failed, and raises with the keys."""
+        from grpo_ckpt import CheckpointManager, StrictExportError
+
+        try:
+            outcome = {"status": "ok", **(self.export_hf(str(step_dir / HF_EXPORT_DIR), strict=strict) or {})}
+        except StrictExportError as exc:
+            if self.rank == 0:
+                CheckpointManager.record_hf_export(
+                    step_dir,
+                    {"status": "failed", "strict": strict, "missing": exc.missing, "unexpected": exc.unexpected},
+                )
+            raise StrictExportError(
+                f"{exc}\nThe training state of this step is saved and resumable: {step_dir} (its "
+                f"manifest marks the HF export failed).",
+                missing=exc.missing,
+                unexpected=exc.unexpected,
+            ) from None
+        if self.rank == 0:
+            CheckpointManager.record_hf_export(step_dir, outcome)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore model/optimizer/scheduler and this rank's RNG, then sync the rollout engine;

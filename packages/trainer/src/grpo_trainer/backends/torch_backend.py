@@ -153,12 +153,11 @@ class TorchBackend:
 
     def export_hf(self, path: str, *, strict: bool) -> Any:
         """Transformers' `save_pretrained` (safetensors) with grpo_ckpt's key report, written by
-        rank 0 (the ranks hold the same weights); None on the other ranks. Every key of the model
-        is written; `strict` has nothing to skip here."""
+        rank 0 (the ranks hold the same weights); None on the other ranks. Under `strict` a model
+        tensor that no file holds raises `StrictExportError`."""
         from grpo_ckpt import export_hf_torch
 
-        del strict
-        report = export_hf_torch(self.module, None, path) if _rank() == 0 else None
+        report = export_hf_torch(self.module, None, path, strict=strict) if _rank() == 0 else None
         if self.dp_size > 1:
             dist.barrier()
         return report

@@ -1,0 +1,175 @@
+"""verl Hydra overrides -> a grpo YAML, with every line grpo refuses and why.
+
+`hatch run from-verl run_qwen3_5.sh > run.yaml` reads a verl launch script (the overrides after
+`verl.trainer.main_ppo`, shell variables substituted with their values or `${VAR:-default}`s, else the environment's) or a
+file of one `key=value` per line. The YAML holds what maps onto grpo settings, typed; each refused
+line goes to stderr with its reason. Exit status 0 when the YAML loads as it is, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_config.errors import ConfigError
+from grpo_config.loader import build
+from grpo_config.serialize import to_dict
+from grpo_config.sources import collect
+from grpo_config.validate import validate, value_problems
+
+_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
+_VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)(?::?[-=]([^}]*))?\}|\$([A-Za-z_]\w*)")
+_ENTRY_POINT = "main_ppo"
+_STRATEGY = "actor_rollout_ref.actor.strategy"
+_MEGATRON_KEYS = ("actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Conversion:
+    """The grpo settings a list of verl overrides maps to, and the lines refused with their reason."""
+
+    settings: dict[str, Any]  # nested, grpo key names, typed values
+    accepted: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (override, reason)
+    problems: str | None = None  # why the accepted settings do not load together, if they do not
+    inferred: list[str] = field(default_factory=list)  # overrides added, not written by the user
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.settings, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def _expand(text: str, variables: Mapping[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(3)
+        if name in variables:
+            return variables[name]
+        if name in os.environ:  # what the script would see when run here
+            return os.environ[name]
+        default = match.group(2)
+        return default if default is not None else match.group(0)
+
+    return _VARIABLE.sub(value, text)
+
+
+def overrides_from_script(text: str) -> list[str]:
+    """The `key=value` overrides of a verl launch script, or of a file of one override per line."""
+    if _ENTRY_POINT not in text:
+        return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    variables: dict[str, str] = {}
+    for line in re.sub(r"\\\n", " ", text).splitlines():
+        stripped = line.strip()
+        assignment = _ASSIGNMENT.match(stripped)
+        if assignment and _ENTRY_POINT not in stripped:
+            words = shlex.split(_expand(assignment.group(2), variables), comments=True) or [""]
+            variables[assignment.group(1)] = words[0]
+            continue
+        if _ENTRY_POINT in stripped:
+            tokens = shlex.split(_expand(stripped, variables), comments=True)
+            start = next(i for i, token in enumerate(tokens) if _ENTRY_POINT in token) + 1
+            return [t for t in tokens[start:] if "=" in t and not t.startswith("-")]
+    return []
+
+
+def _lookup(nested: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = nested
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _place(nested: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = nested
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def _why_refused(line: str) -> str | None:
+    """None when `line` on its own maps to a grpo setting with a value grpo honours."""
+    try:
+        cfg = build(collect({}, [line]))
+    except ConfigError as exc:
+        return str(exc)
+    problems = value_problems(cfg)
+    return " ".join(problems) if problems else None
+
+
+def last_of_each_key(overrides: Iterable[str]) -> list[str]:
+    """As Hydra: a key given twice takes its last value (`+key` / `++key` are the same key)."""
+    last: dict[str, str] = {}
+    for line in overrides:
+        key = line.partition("=")[0].strip().lstrip("+")
+        last.pop(key, None)
+        last[key] = line
+    return list(last.values())
+
+
+def convert(overrides: Iterable[str]) -> Conversion:
+    """Map each verl override on its own (a refused one is left out with its reason), then the
+    accepted ones together into typed, nested grpo settings. verl's Megatron keys mean verl's
+    Megatron trainer config, so they imply `actor.backend=megatron` unless the strategy is given."""
+    lines = last_of_each_key(overrides)
+    keys = [line.partition("=")[0].strip().lstrip("+") for line in lines]
+    inferred = []
+    if any(k.startswith(_MEGATRON_KEYS) for k in keys) and _STRATEGY not in keys:
+        inferred.append(f"{_STRATEGY}=megatron")
+    lines = inferred + lines
+    accepted: list[str] = []
+    refused: list[tuple[str, str]] = []
+    for line in lines:
+        reason = _why_refused(line)
+        if reason is None:
+            accepted.append(line)
+        else:
+            refused.append((line, reason))
+    flat = collect({}, accepted)
+    cfg = build(flat)
+    typed = to_dict(cfg)
+    settings: dict[str, Any] = {}
+    for key in flat.values:
+        _place(settings, key, _lookup(typed, key))
+    problems = None
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        problems = str(exc)
+    return Conversion(settings=settings, accepted=accepted, refused=refused, problems=problems, inferred=inferred)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="from-verl",
+        description="Turn a verl launch script's Hydra overrides into a grpo YAML (stdout); refused "
+        "lines and their reasons go to stderr.",
+    )
+    parser.add_argument("script", type=Path, help="a verl launch script, or a file of key=value lines")
+    args = parser.parse_args(argv)
+    conversion = convert(overrides_from_script(args.script.read_text(encoding="utf-8")))
+    sys.stdout.write(conversion.to_yaml())
+    for line in conversion.inferred:
+        print(f"added: {line} (verl's Megatron keys are those of its Megatron trainer)", file=sys.stderr)
+    for line, reason in conversion.refused:
+        print(f"refused: {line}\n  {reason}", file=sys.stderr)
+    print(
+        f"from-verl: {len(conversion.accepted) - len(conversion.inferred)} lines mapped, "
+        f"{len(conversion.refused)} refused",
+        file=sys.stderr,
+    )
+    if conversion.problems:
+        print(f"from-verl: the mapped settings do not load together yet: {conversion.problems}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
