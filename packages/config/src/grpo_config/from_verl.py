@@ -55,7 +55,7 @@ def _expand(text: str, variables: Mapping[str, str]) -> str:
         if name in os.environ:  # what the script would see when run here
             return os.environ[name]
         default = match.group(2)
-        return default if default is not None else match.group(0)
+        return _expand(default, variables) if default is not None else match.group(0)
 
     return _VARIABLE.sub(value, text)
 
