@@ -266,6 +266,12 @@ def _override_problems(cfg: TrainerConfig) -> list[str]:
         for name in engine_kwargs
         if (ours := _ENGINE_SETTINGS.get(name))
     ]
+    if cfg.actor.backend == "megatron" and cfg.actor.gradient_checkpointing and not cfg.actor.megatron.recompute_granularity:
+        problems.append(
+            "actor.gradient_checkpointing=true with the Megatron backend is activation recompute: set "
+            "actor.megatron.recompute_granularity (full or selective), recompute_method and "
+            "recompute_num_layers, e.g. full / uniform / 1."
+        )
     if cfg.actor.backend == "megatron" and cfg.ref.dtype not in (None, cfg.actor.dtype):
         problems.append(
             f"ref.dtype={cfg.ref.dtype} differs from actor.dtype={cfg.actor.dtype}: the Megatron "

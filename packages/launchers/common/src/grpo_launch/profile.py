@@ -21,6 +21,19 @@ DEVICE_KINDS: Mapping[str, str] = {
 }
 
 
+# Differences from the seed verl recipes that every launch profile makes, with the reason.
+SHARED_RECIPE_DIFFERENCES: Mapping[str, str] = {
+    "project_name": "grpo's run names: they name the output folder and the TensorBoard run",
+    "experiment_name": "grpo's run names: they name the output folder and the TensorBoard run",
+    "actor.trust_remote_code": "Qwen3.5 is a transformers class (>= 5): no remote code is run",
+    "checkpoint.dir": "the launcher puts checkpoints under --output-dir (<output-dir>/checkpoints)",
+}
+MINDSPEED_OPTIONS = (
+    "use_flash_attn / use_naive_l2norm are MindSpeed options, not megatron-core TransformerConfig "
+    "fields: grpo does not forward them"
+)
+
+
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """A new nested dict: `update` over `base`, recursing where both sides hold a mapping. Values are
     deep-copied, so neither input is ever aliased by the result."""
@@ -40,6 +53,8 @@ class DeviceDelta:
 
     config: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    # dotted grpo key -> why this device's value differs from the seed recipe's (see LaunchProfile).
+    recipe_differences: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +67,9 @@ class LaunchProfile:
     num_experts: int | None  # routed experts per MoE layer; checked against expert parallelism
     common: Mapping[str, Any]
     devices: Mapping[str, DeviceDelta]
+    # The profile carries the seed verl recipe's values; each deliberate difference is listed here,
+    # dotted grpo key -> the reason (tests/test_profiles_match_recipes.py holds them to it).
+    recipe_differences: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.devices) - (set(DEVICE_KINDS) - {"cpu"})
@@ -73,6 +91,12 @@ class LaunchProfile:
                 f"{', '.join(self.supported_devices())}. Use --preset tiny to run on the CPU."
             )
         return deep_merge(self.common, self.devices[device].config)
+
+    def differences_for(self, device: str) -> dict[str, str]:
+        """Every deliberate difference from `device`'s seed recipe, with its reason."""
+        delta = self.devices.get(device)
+        own = delta.recipe_differences if delta else {}
+        return {**SHARED_RECIPE_DIFFERENCES, **self.recipe_differences, **own}
 
     def env_for(self, device: str) -> dict[str, str]:
         """The environment variables `device`'s delta sets on top of the device's EnvProfile."""

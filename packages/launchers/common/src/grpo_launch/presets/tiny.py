@@ -63,6 +63,7 @@ def tiny_preset(workdir: Path) -> dict[str, Any]:
             "save_freq": 10,
             "max_to_keep": 2,
             "resume": "auto",
+            "export_hf": True,  # as the model profiles: HF weights at every save
         },
         "logging": {"dir": str(workdir / "runs")},
     }
