@@ -80,7 +80,7 @@ def test_every_mapped_line_keeps_its_value(path: Path) -> None:
     assert cfg["actor"]["backend"] == "megatron"  # verl's Megatron keys: its Megatron trainer
     checked = 0
     for line in conversion.accepted:
-        key, _, text = line.partition("=")
+        _, _, text = line.partition("=")
         target = resolve_alias(_key(line)) or _key(line)
         try:
             ours = _lookup(cfg, target)
