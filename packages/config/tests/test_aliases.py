@@ -10,6 +10,7 @@ from grpo_config.aliases import ALIASES, resolve_alias
 from grpo_config.build import schema_keys
 
 SEED_35B_NPU = [
+    "actor_rollout_ref.actor.strategy=megatron",
     "algorithm.adv_estimator=grpo",
     "algorithm.norm_adv_by_std_in_grpo=False",
     "data.train_batch_size=32",
@@ -92,7 +93,8 @@ def test_verl_style_nested_yaml_is_accepted() -> None:
     nested = {
         "actor_rollout_ref": {
             "actor": {
-                "megatron": {"virtual_pipeline_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
+                "strategy": "megatron",
+                "megatron": {"virtual_pipeline_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
             },
             "rollout": {"val_kwargs": {"n": 4, "temperature": 0.6}},
         },
@@ -155,7 +157,7 @@ def test_prefix_alias_carries_the_rest_of_the_key() -> None:
         "ref.megatron.override_transformer_config.x"
     )
     assert resolve_alias("actor.lr") is None
-    cfg = load(None, ["actor_rollout_ref.ref.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=2"])
+    cfg = load(None, ["actor.backend=megatron", "actor_rollout_ref.ref.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=2"])
     assert to_dict(cfg)["ref"]["megatron"]["override_transformer_config"] == {"num_layers_in_first_pipeline_stage": 2}
     assert cfg.actor.megatron.override_transformer_config == {}
 
@@ -163,9 +165,7 @@ def test_prefix_alias_carries_the_rest_of_the_key() -> None:
 def test_an_override_of_a_grpo_megatron_setting_sets_that_setting() -> None:
     """verl passes recompute and MoE options as override_transformer_config entries; grpo has them as
     settings of their own, so the entry lands on the setting (one place for one value)."""
-    cfg = load(
-        None,
-        [
+    cfg = load(None, ["actor.backend=megatron",
             "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=2",
             "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.01",
             "actor_rollout_ref.ref.megatron.override_transformer_config.moe_z_loss_coeff=0.001",
@@ -177,4 +177,4 @@ def test_an_override_of_a_grpo_megatron_setting_sets_that_setting() -> None:
     assert cfg.ref.megatron.moe_z_loss_coeff == 0.001
     assert cfg.ref.megatron.recompute_num_layers == 2  # the rest inherited from the actor
     with pytest.raises(ConfigError, match=r"set actor\.megatron\.recompute_method instead"):
-        load(None, ["actor.megatron.override_transformer_config={recompute_method: uniform}"])
+        load(None, ["actor.backend=megatron", "actor.megatron.override_transformer_config={recompute_method: uniform}"])

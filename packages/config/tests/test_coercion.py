@@ -102,9 +102,7 @@ def test_list_items_are_type_checked_with_index_in_path() -> None:
 
 
 def test_dict_from_yaml_flow_and_dotted_entries() -> None:
-    cfg = load(
-        None,
-        [
+    cfg = load(None, ["actor.backend=megatron",
             "actor.megatron.override_transformer_config={recompute_modules: [core_attn], bias_dropout_fusion: false}",
             "actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=3",
         ],
@@ -117,16 +115,16 @@ def test_dict_from_yaml_flow_and_dotted_entries() -> None:
     with pytest.raises(
         ConfigError, match=r"override_transformer_config' has value 'x' \(str\) but expects a mapping"
     ):
-        load(None, ["actor.megatron.override_transformer_config=x"])
+        load(None, ["actor.backend=megatron", "actor.megatron.override_transformer_config=x"])
 
 
 def test_nested_dataclass_from_flow_mapping_and_unknown_field_inside() -> None:
-    cfg = load(None, ["device.devices_per_node=4", "ref.parallel={tp: 2, ep: 2}"])
+    cfg = load(None, ["actor.backend=megatron", "device.devices_per_node=4", "ref.parallel={tp: 2, ep: 2}"])
     assert cfg.ref.parallel == ParallelConfig(tp=2, ep=2)
     with pytest.raises(
         ConfigError, match=r"Unknown config key 'ref\.parallel\.tpp'\. Did you mean 'ref\.parallel\.tp'"
     ):
-        load(None, ["ref.parallel={tpp: 2}"])
+        load(None, ["actor.backend=megatron", "ref.parallel={tpp: 2}"])
 
 
 def test_str_field_rejects_yaml_number_with_quote_hint() -> None:

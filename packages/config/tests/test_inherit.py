@@ -18,9 +18,7 @@ def test_loaded_ref_has_no_none_and_equals_actor() -> None:
 
 
 def test_actor_settings_reach_ref_the_122b_bug() -> None:
-    cfg = load(
-        None,
-        [
+    cfg = load(None, ["actor.backend=megatron",
             "actor.model_path=/models/Qwen3.5-122B-A10B",
             "actor.dtype=float16",
             "actor.use_remove_padding=false",
@@ -64,7 +62,8 @@ def test_ref_sections_merge_field_by_field() -> None:
             "device": {"devices_per_node": 8},
             "parallel": {"tp": 2, "pp": 2, "ep": 2},
             "actor": {
-                "megatron": {"transformer_impl": "local", "override_transformer_config": {"a": 1, "b": 2}}
+                "backend": "megatron",
+                "megatron": {"transformer_impl": "local", "override_transformer_config": {"a": 1, "b": 2}},
             },
             "ref": {
                 "parallel": {"tp": 4},

@@ -15,6 +15,7 @@ SOURCE = {
     "parallel": {"tp": 2, "pp": 2, "ep": 4, "vpp": 2},
     "data": {"train_files": ["a.parquet"], "train_batch_size": 32},
     "actor": {
+        "backend": "megatron",
         "lr": 3e-6,
         "ppo_mini_batch_size": 8,
         "megatron": {"override_transformer_config": {"x": [1, 2]}},

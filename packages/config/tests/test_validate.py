@@ -31,12 +31,12 @@ def test_mini_batch_sequences_must_split_over_micro_batch_times_dp() -> None:
         "data.train_batch_size=4",
         "actor.ppo_mini_batch_size=2",
     ]
-    msg = _problems([*base, "rollout.n=3"])
+    msg = _problems(["actor.backend=megatron", *base, "rollout.n=3"])
     assert "actor.ppo_mini_batch_size * rollout.n = 2*3 = 6 sequences" in msg
     assert "actor.ppo_micro_batch_size_per_device * data parallel size = 1*4 = 4" in msg
-    assert load(None, [*base, "rollout.n=4"]).rollout.n == 4  # 8 sequences over 4 ranks is fine
+    assert load(None, ["actor.backend=megatron", *base, "rollout.n=4"]).rollout.n == 4  # 8 sequences over 4 ranks is fine
     # micro 2 * dp 4 = 8 does not divide 2*6=12
-    assert "= 2*4 = 8" in _problems([*base, "rollout.n=6", "actor.ppo_micro_batch_size_per_device=2"])
+    assert "= 2*4 = 8" in _problems(["actor.backend=megatron", *base, "rollout.n=6", "actor.ppo_micro_batch_size_per_device=2"])
 
 
 def test_dynamic_batch_size_only_needs_dp_to_divide() -> None:
@@ -63,15 +63,15 @@ def test_pipeline_parallel_megatron_needs_micro_batches_of_one_row_count() -> No
     ]
     msg = _problems([*base, "actor.log_prob_micro_batch_size_per_device=4"])
     assert "actor.log_prob_micro_batch_size_per_device=4 does not divide the 10 rows" in msg
-    assert "ref.log_prob_micro_batch_size_per_device=3 does not divide" in _problems(
+    msg = _problems(
         [*base, "actor.log_prob_micro_batch_size_per_device=5", "ref.log_prob_micro_batch_size_per_device=3"]
     )
-    assert "actor.use_dynamic_bsz=true with parallel.pp=2 is not supported" in _problems(
-        [*base, "actor.log_prob_micro_batch_size_per_device=5", "actor.use_dynamic_bsz=true"]
-    )
+    assert "ref.log_prob_micro_batch_size_per_device=3 does not divide" in msg
+    msg = _problems([*base, "actor.log_prob_micro_batch_size_per_device=5", "actor.use_dynamic_bsz=true"])
+    assert "actor.use_dynamic_bsz=true with parallel.pp=2 is not supported" in msg
     assert load(None, [*base, "actor.log_prob_micro_batch_size_per_device=5"]).parallel.pp == 2
-    # The torch backend has no pipeline: its micro-batches may differ in rows.
-    assert load(None, [*base[1:], "actor.log_prob_micro_batch_size_per_device=4"]).parallel.pp == 2
+    # Pipeline parallelism is the Megatron backend's only: the torch backend refuses it.
+    assert "read by the Megatron backend only" in _problems(["actor.backend=torch", *base[1:]])
 
 
 def test_model_parallel_product_must_divide_world() -> None:
@@ -80,15 +80,15 @@ def test_model_parallel_product_must_divide_world() -> None:
 
 
 def test_expert_parallel_must_divide_devices_per_pipeline_stage() -> None:
-    world16 = ["device.nnodes=2", "device.devices_per_node=8", "parallel.pp=2", "parallel.ep=8"]
-    assert load(None, world16).parallel.ep == 8  # 8*1 divides 16//2
-    msg = _problems([*world16, "parallel.etp=2"])
+    world16 = ["device.nnodes=2", "device.devices_per_node=8", "parallel.pp=2", "parallel.ep=8", "actor.log_prob_micro_batch_size_per_device=5"]
+    assert load(None, ["actor.backend=megatron", *world16]).parallel.ep == 8  # 8*1 divides 16//2
+    msg = _problems(["actor.backend=megatron", *world16, "parallel.etp=2"])
     assert "parallel.ep * parallel.etp = 8*2 = 16 does not divide the devices per pipeline stage" in msg
     assert "world // parallel.pp = 16//2 = 8" in msg
 
 
 def test_expert_parallel_must_divide_number_of_experts_when_known() -> None:
-    overrides = ["device.devices_per_node=8", "parallel.ep=8"]
+    overrides = ["actor.backend=megatron", "device.devices_per_node=8", "parallel.ep=8"]
     assert load(None, overrides, num_experts=256).parallel.ep == 8
     msg = _problems(overrides, num_experts=12)
     assert "parallel.ep=8 does not divide the model's 12 experts: set parallel.ep to a divisor of 12." in msg
@@ -99,9 +99,7 @@ def test_expert_parallel_must_divide_number_of_experts_when_known() -> None:
 
 def test_seed_profiles_are_valid() -> None:
     # 122B npu seed: TP2 PP4 EP16 GEN_TP16, 16 devices x 4 nodes; Qwen3.5-122B-A10B has 256 experts.
-    cfg = load(
-        None,
-        [
+    cfg = load(None, ["actor.backend=megatron",
             "device.nnodes=4",
             "device.devices_per_node=16",
             "parallel.tp=2",
@@ -126,8 +124,8 @@ def test_rollout_tp_must_divide_world() -> None:
 
 
 def test_vpp_needs_pipeline_parallel() -> None:
-    assert "set parallel.pp > 1 or parallel.vpp=null" in _problems(["parallel.vpp=2"])
-    assert load(None, ["device.devices_per_node=2", "parallel.pp=2", "parallel.vpp=2"]).parallel.vpp == 2
+    assert "set parallel.pp > 1 or parallel.vpp=null" in _problems(["actor.backend=megatron", "parallel.vpp=2"])
+    assert load(None, ["actor.backend=megatron", "device.devices_per_node=2", "parallel.pp=2", "parallel.vpp=2"]).parallel.vpp == 2
 
 
 def test_zero_sizes_are_reported_not_divided_by() -> None:

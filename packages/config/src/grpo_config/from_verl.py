@@ -94,10 +94,11 @@ def _place(nested: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _why_refused(line: str) -> str | None:
-    """None when `line` on its own maps to a grpo setting with a value grpo honours."""
+def _why_refused(line: str, context: list[str]) -> str | None:
+    """None when `line` on its own (after `context`, the inferred lines) maps to a grpo setting with
+    a value grpo honours."""
     try:
-        cfg = build(collect({}, [line]))
+        cfg = build(collect({}, [*context, line]))
     except ConfigError as exc:
         return str(exc)
     problems = value_problems(cfg)
@@ -127,7 +128,7 @@ def convert(overrides: Iterable[str]) -> Conversion:
     accepted: list[str] = []
     refused: list[tuple[str, str]] = []
     for line in lines:
-        reason = _why_refused(line)
+        reason = _why_refused(line, inferred)
         if reason is None:
             accepted.append(line)
         else:

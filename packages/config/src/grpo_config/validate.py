@@ -9,7 +9,7 @@ from typing import Any
 
 from grpo_config.aliases import TRANSFORMER_SETTINGS
 from grpo_config.errors import ConfigError
-from grpo_config.schema import ParallelConfig, TimeoutsConfig, TrainerConfig
+from grpo_config.schema import MegatronConfig, ParallelConfig, RolloutConfig, TimeoutsConfig, TrainerConfig
 
 _TIMEOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TimeoutsConfig)}
 
@@ -266,12 +266,6 @@ def _override_problems(cfg: TrainerConfig) -> list[str]:
         for name in engine_kwargs
         if (ours := _ENGINE_SETTINGS.get(name))
     ]
-    if cfg.actor.backend == "megatron" and cfg.actor.gradient_checkpointing and not cfg.actor.megatron.recompute_granularity:
-        problems.append(
-            "actor.gradient_checkpointing=true with the Megatron backend is activation recompute: set "
-            "actor.megatron.recompute_granularity (full or selective), recompute_method and "
-            "recompute_num_layers, e.g. full / uniform / 1."
-        )
     if cfg.actor.backend == "megatron" and cfg.ref.dtype not in (None, cfg.actor.dtype):
         problems.append(
             f"ref.dtype={cfg.ref.dtype} differs from actor.dtype={cfg.actor.dtype}: the Megatron "
@@ -282,6 +276,53 @@ def _override_problems(cfg: TrainerConfig) -> list[str]:
         for name in cfg.actor.megatron.override_optimizer_config
         if (ours := _OPTIMIZER_SETTINGS.get(name))
     ]
+    return problems
+
+
+# Settings read by one backend / rollout engine only: set to anything but the default with the
+# other, they would be accepted and ignored.
+_VLLM_ONLY = (
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "free_cache_engine",
+    "weight_sync_bucket_mb",
+)
+
+
+def _changed(section: Any, default: Any, names: Any, prefix: str) -> list[str]:
+    return [
+        f"{prefix}.{name}={getattr(section, name)!r}"
+        for name in names
+        if getattr(section, name) != getattr(default, name)
+    ]
+
+
+def _unread_problems(cfg: TrainerConfig) -> list[str]:
+    problems: list[str] = []
+    if cfg.actor.backend == "torch":
+        changed = _changed(cfg.parallel, ParallelConfig(), [f.name for f in dataclasses.fields(ParallelConfig)], "parallel")
+        changed += _changed(
+            cfg.actor.megatron, MegatronConfig(), [f.name for f in dataclasses.fields(MegatronConfig)], "actor.megatron"
+        )
+        if cfg.ref.megatron not in (None, cfg.actor.megatron):
+            changed.append("ref.megatron")
+        if cfg.ref.parallel not in (None, cfg.parallel):
+            changed.append("ref.parallel")
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: read by the Megatron backend only, and actor.backend=torch (data "
+                f"parallel over every device, no model parallelism). Remove them or set actor.backend=megatron."
+            )
+    if cfg.rollout.engine == "hf":
+        changed = _changed(cfg.rollout, RolloutConfig(), _VLLM_ONLY, "rollout")
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: read by the vLLM rollout engine only, and rollout.engine=hf "
+                f"(transformers' generate on the policy's own model). Remove them or set rollout.engine=vllm."
+            )
     return problems
 
 
@@ -297,6 +338,7 @@ def value_problems(cfg: TrainerConfig) -> list[str]:
         if _lookup(cfg, key) == refused and not inherited:
             problems.append(f"{key}={refused} cannot be honoured: {why}.")
     problems += _override_problems(cfg)
+    problems += _unread_problems(cfg)
     if cfg.algorithm.adv_estimator == "grpo" and cfg.rollout.n < 2:
         problems.append(
             f"rollout.n={cfg.rollout.n} with algorithm.adv_estimator=grpo: GRPO's advantage is a "
@@ -312,6 +354,17 @@ def value_problems(cfg: TrainerConfig) -> list[str]:
                 f"timeouts.{name} to e.g. {default:g}."
             )
     return problems
+
+
+def _recompute_problems(cfg: TrainerConfig) -> list[str]:
+    megatron = cfg.actor.megatron
+    if cfg.actor.backend == "megatron" and cfg.actor.gradient_checkpointing and not megatron.recompute_granularity:
+        return [
+            "actor.gradient_checkpointing=true with the Megatron backend is activation recompute: set "
+            "actor.megatron.recompute_granularity (full or selective), recompute_method and "
+            "recompute_num_layers, e.g. full / uniform / 1."
+        ]
+    return []
 
 
 def validate(cfg: TrainerConfig, *, num_experts: int | None = None) -> None:
@@ -336,6 +389,7 @@ def validate(cfg: TrainerConfig, *, num_experts: int | None = None) -> None:
                 f"world size {world} (device.nnodes * device.devices_per_node): choose a divisor of {world}."
             )
     problems += value_problems(cfg)
+    problems += _recompute_problems(cfg)
     if problems:
         numbered = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
         plural = "problem" if len(problems) == 1 else "problems"
