@@ -138,8 +138,9 @@ class PolicyBackend(Protocol):
         `ExportReport` (expected vs written keys). Collective: every rank calls it."""
         ...
 
-    def offload(self) -> None:
-        """Move weights, gradients and optimizer state off the accelerator (for the rollout)."""
+    def offload(self, *, weights: bool, grads: bool, optimizer: bool) -> None:
+        """Move the policy's weights, gradients and / or optimizer state off the accelerator (for
+        the rollout; see `grpo_trainer.rollout_memory`)."""
         ...
 
     def onload(self) -> None:

@@ -24,6 +24,7 @@ from grpo_trainer.backends import make_backend
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.rollout import make_rollout_engine
+from grpo_trainer.rollout_memory import RolloutMemory
 
 log = structlog.get_logger()
 
@@ -57,6 +58,7 @@ class PolicyWorker:
         self.world_size = world_size
         self.num_threads = num_threads
         self.actor: Actor | None = None
+        self.memory: RolloutMemory | None = None
         self.engine: Any = None
         self.tokenizer: Any = None
 
@@ -92,8 +94,10 @@ class PolicyWorker:
             )
         device = torch_device(kind, index=0)  # Ray exposes one accelerator per worker
         manual_seed_all(self.cfg.seed, kind=kind)  # same initial state on every rank
+        RolloutMemory.start(self.cfg, kind=kind)
         backend = make_backend(self.cfg, device=device)
         self.actor = Actor(self.cfg, backend)
+        self.memory = RolloutMemory(self.cfg, backend, kind=kind)
         self.tokenizer = AutoTokenizer.from_pretrained(
             self.cfg.actor.model_path, trust_remote_code=self.cfg.actor.trust_remote_code
         )
@@ -122,10 +126,17 @@ class PolicyWorker:
 
     # -- rollout ----------------------------------------------------------------------------------
     def rollout_wake(self) -> None:
+        self._memory().before_rollout()
         self.engine.wake_up()
 
     def rollout_sleep(self) -> None:
         self.engine.sleep()
+        self._memory().after_rollout()
+
+    def _memory(self) -> RolloutMemory:
+        if self.memory is None:
+            raise RuntimeError("the worker is not set up: call setup() first")
+        return self.memory
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         return self.engine.generate(prompts, params)

@@ -165,12 +165,43 @@ def test_one_update_equals_an_independent_reference_loop(tiny_model_dir, mode) -
     _assert_close(grads, reference_grads, atol=1e-5)
 
 
+def _count_micro_batches(actor: Actor) -> list[int]:
+    counts: list[int] = []
+    forward = actor.backend.log_probs
+
+    def counting(micros, **kwargs):
+        counts.append(len(micros))
+        return forward(micros, **kwargs)
+
+    actor.backend.log_probs = counting
+    return counts
+
+
 def test_log_probs_match_an_unpadded_forward_whatever_the_micro_batch(tiny_model_dir) -> None:
+    """By rows (log_prob_micro_batch_size_per_device) or under a token budget
+    (log_prob_use_dynamic_bsz, log_prob_max_token_len_per_device; the reference model's own
+    settings when given): other micro-batches, the same log-probs."""
     batch = _batch()
     small = _actor(tiny_model_dir, log_prob_micro_batch_size_per_device=1)
-    dynamic = _actor(tiny_model_dir, use_dynamic_bsz=True, ppo_max_token_len_per_device=20)
+    dynamic = _actor(
+        tiny_model_dir,
+        log_prob_micro_batch_size_per_device=8,
+        log_prob_use_dynamic_bsz=True,
+        log_prob_max_token_len_per_device=20,
+    )
+    small_counts, dynamic_counts = _count_micro_batches(small), _count_micro_batches(dynamic)
     out = small.log_probs(batch, with_entropy=True)
     assert torch.allclose(out["log_probs"], dynamic.log_probs(batch)["log_probs"], atol=1e-5)
+    assert torch.allclose(out["log_probs"], dynamic.log_probs(batch, ref=True)["log_probs"], atol=1e-5)
+    budget = len(micro_batches(batch, micro_batch_size=8, max_tokens=20))
+    assert small_counts == [8] and dynamic_counts == [budget, budget] and 1 < budget < 8
+    ref_rows = _actor(tiny_model_dir, log_prob_micro_batch_size_per_device=8, log_prob_use_dynamic_bsz=True)
+    ref_rows.cfg = grpo_config.load(
+        {**grpo_config.to_dict(ref_rows.cfg), "ref": {"log_prob_use_dynamic_bsz": False, "log_prob_micro_batch_size_per_device": 2}}
+    )
+    ref_counts = _count_micro_batches(ref_rows)
+    ref_rows.log_probs(batch, ref=True)
+    assert ref_counts == [4]  # the reference model's own setting: 8 rows in micro-batches of 2
     for row in range(batch.input_ids.shape[0]):
         n = int(batch.attention_mask[row].sum())
         ids = batch.input_ids[row : row + 1, :n]
@@ -318,7 +349,7 @@ def _dynamic_rank(rank: int, model_dir: str, port: int, out: str) -> None:
         actor = _actor(Path(model_dir), use_dynamic_bsz=True, ppo_max_token_len_per_device=16)
         rows = _batch(seed=rank, rows=4)  # other rows, other lengths on each rank
         alone = len(micro_batches(rows, micro_batch_size=1, max_tokens=16))
-        agreed = len(actor._micro_batches(rows, size=1))
+        agreed = len(actor._micro_batches(rows, size=1, max_tokens=16))
         metrics = actor.update_mini_batch(_prepare(actor, rows))
         torch.save({"alone": alone, "agreed": agreed, "loss": metrics["loss"]}, f"{out}.{rank}")
     finally:

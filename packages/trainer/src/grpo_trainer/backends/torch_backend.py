@@ -63,7 +63,7 @@ class TorchBackend:
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=actor.lr, weight_decay=actor.weight_decay)
         self._dtype = actor.dtype
         self._ref_dtype = cfg.ref.dtype or actor.dtype
-        self._offloaded = False
+        self._offloaded: tuple[bool, bool] | None = None
 
     def data_parallel_sum(self, values: torch.Tensor) -> torch.Tensor:
         summed = values.to(device=self.device, dtype=torch.float64, copy=True)
@@ -162,22 +162,23 @@ class TorchBackend:
             dist.barrier()
         return report
 
-    def offload(self) -> None:
-        self._move(torch.device("cpu"))
-        self._offloaded = True
+    def offload(self, *, weights: bool, grads: bool, optimizer: bool) -> None:
+        """`Module.to` moves a module's weights with their gradients: either asks for both."""
+        self._offloaded = (weights or grads, optimizer)
+        self._move(torch.device("cpu"), *self._offloaded)
 
     def onload(self) -> None:
-        if self._offloaded:
-            self._move(self.device)
-            self._offloaded = False
+        if self._offloaded is not None:
+            self._move(self.device, *self._offloaded)
+            self._offloaded = None
 
-    def _move(self, device: torch.device) -> None:
+    def _move(self, device: torch.device, modules: bool, optimizer: bool) -> None:
         """Weights, buffers and gradients (`Module.to` keeps the Parameter objects, so DDP and the
-        optimizer keep their references), the reference model, and the optimizer state."""
-        for module in (self.module, self.ref_module):
+        optimizer keep their references) with the reference model, and / or the optimizer state."""
+        for module in (self.module, self.ref_module) if modules else ():
             if module is not None:
                 module.to(device)
-        for state in self.optimizer.state.values():
+        for state in self.optimizer.state.values() if optimizer else ():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key != "step":
                     state[key] = value.to(device)

@@ -75,6 +75,9 @@ class MegatronBackend:
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self._offloaded: offload.Offloaded | None = None
+        # ref.megatron.param_offload: the reference weights live on the CPU but for its log-probs.
+        self._park_ref = ref is not None and bool(cfg.ref.megatron and cfg.ref.megatron.param_offload)
+        self._parked_ref = offload.offload([ref.model], None, grads=False) if self._park_ref and ref else None
         del device
 
     @classmethod
@@ -140,6 +143,15 @@ class MegatronBackend:
     # -- log-probs ----------------------------------------------------------------------------------
     @torch.no_grad()
     def log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
+        if ref and self._parked_ref is not None:
+            offload.onload(self._parked_ref, device=self.device)
+            try:
+                return self._log_probs(micros, ref=True, with_entropy=with_entropy)
+            finally:
+                self._parked_ref = offload.offload([self.ref.model], None, grads=False)
+        return self._log_probs(micros, ref=ref, with_entropy=with_entropy)
+
+    def _log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
         built = self.ref if ref else self.policy
         if built is None:
             raise ValueError("no reference model: it is only built when actor.use_kl_loss=true")
@@ -228,13 +240,12 @@ class MegatronBackend:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_policy_state(self.model, self.optimizer, state)
 
-    def offload(self) -> None:
+    def offload(self, *, weights: bool, grads: bool, optimizer: bool) -> None:
         if self._offloaded is None:
-            models = [self.model, *([self.ref.model] if self.ref is not None else [])]
-            megatron = self.cfg.actor.megatron
             # An optimizer offloaded by Megatron itself already keeps its state on the CPU.
-            on_cpu = megatron.optimizer_offload or megatron.optimizer_offload_fraction > 0
-            self._offloaded = offload.offload(models, None if on_cpu else self.optimizer)
+            on_cpu = self.cfg.actor.megatron.optimizer_offload_fraction > 0 or self.cfg.actor.megatron.optimizer_offload
+            moved_optimizer = self.optimizer if optimizer and not on_cpu else None
+            self._offloaded = offload.offload([self.model], moved_optimizer, weights=weights, grads=grads)
 
     def onload(self) -> None:
         if self._offloaded is not None:

@@ -23,6 +23,8 @@ class Offloaded:
     buffers: list[Any] = field(default_factory=list)
     loose_params: list[torch.nn.Parameter] = field(default_factory=list)
     optimizer: Any = None
+    weights: bool = True
+    grads: bool = True
 
 
 def _ddp_buffers(chunk: torch.nn.Module) -> list[Any]:
@@ -59,19 +61,23 @@ def _move_optimizer(optimizer: Any, device: torch.device) -> None:
             state[key] = tensor.to(device)
 
 
-def offload(models: list[list[torch.nn.Module]], optimizer: Any | None) -> Offloaded:
-    """Park `models` (lists of virtual-pipeline chunks) and `optimizer` (None: leave it) on the CPU."""
-    done = Offloaded(optimizer=optimizer)
+def offload(
+    models: list[list[torch.nn.Module]], optimizer: Any | None, *, weights: bool = True, grads: bool = True
+) -> Offloaded:
+    """Park the `weights` and / or `grads` of `models` (lists of virtual-pipeline chunks) and
+    `optimizer` (None: leave it) on the CPU."""
+    done = Offloaded(optimizer=optimizer, weights=weights, grads=grads)
     cpu = torch.device("cpu")
     for model in models:
         for chunk in model:
             in_buffer: set[int] = set()
             for buffer in _ddp_buffers(chunk):
-                buffer.offload_to_cpu(move_params=buffer.param_data is not None, move_grads=True)
-                done.buffers.append(buffer)
+                if weights or grads:
+                    buffer.offload_to_cpu(move_params=weights and buffer.param_data is not None, move_grads=grads)
+                    done.buffers.append(buffer)
                 if buffer.param_data is not None:
                     in_buffer.update(id(p) for p in buffer.params)
-            for param in chunk.parameters():
+            for param in chunk.parameters() if weights else ():
                 if id(param) not in in_buffer:
                     param.data = param.data.to(cpu)
                     done.loose_params.append(param)
@@ -83,7 +89,7 @@ def offload(models: list[list[torch.nn.Module]], optimizer: Any | None) -> Offlo
 
 def onload(done: Offloaded, *, device: torch.device) -> None:
     for buffer in done.buffers:
-        buffer.reload_from_cpu(move_params=buffer.param_data is not None, move_grads=True)
+        buffer.reload_from_cpu(move_params=done.weights and buffer.param_data is not None, move_grads=done.grads)
     for param in done.loose_params:
         param.data = param.data.to(device)
     if done.optimizer is not None:
