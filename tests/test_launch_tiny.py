@@ -57,3 +57,43 @@ def test_tiny_preset_runs_to_completion(launcher: str, tmp_path: Path) -> None:
     metrics = list(out.rglob("*.jsonl"))
     assert metrics, f"no metrics JSONL under {out}"
     assert list(out.rglob("global_step_*")), f"no checkpoint under {out}"
+
+
+def _json_events(stderr: str) -> list[dict]:
+    """Every JSON log line, the driver's and the workers' (Ray prefixes those with the actor)."""
+    events = []
+    for line in stderr.splitlines():
+        start = line.find("{")
+        if start >= 0:
+            try:
+                events.append(json.loads(line[start:]))
+            except json.JSONDecodeError:
+                continue
+    return events
+
+
+@pytest.mark.skipif(not _tiny_available(), reason="grpo_launch.tiny_preset / train not there yet")
+@pytest.mark.timeout(900)
+def test_logging_level_reaches_the_driver_and_every_worker(tmp_path: Path) -> None:
+    """logging.level (or --log-level) configures the driver and, through Ray's worker set-up hook,
+    every worker process: debug shows the workers' debug events, warning hides everyone's info."""
+    launcher = str(Path(sys.executable).with_name("grpo-launch-35b"))
+    env = {k: v for k, v in os.environ.items() if k not in ("DEVICE", "RAY_ADDRESS")}
+    runs = {}
+    for level, extra in (("debug", ["--log-level", "debug"]), ("warning", [])):
+        overrides = ["total_training_steps=1", *([] if extra else [f"logging.level={level}"])]
+        proc = subprocess.run(
+            [launcher, "--preset", "tiny", "--output-dir", str(tmp_path / level), *extra, "--", *overrides],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=850,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[level] = _json_events(proc.stderr)
+    worker_debug = [e for e in runs["debug"] if e.get("event") == "ckpt.component_saved"]
+    assert worker_debug and all(e["level"] == "debug" for e in worker_debug)  # saved by the workers
+    assert any(e.get("event") == "worker.ready" for e in runs["debug"])
+    assert not [e for e in runs["warning"] if e.get("level") in ("debug", "info")]
+    assert (tmp_path / "warning" / "checkpoints" / "global_step_1").is_dir()  # it did run

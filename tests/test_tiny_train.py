@@ -95,7 +95,10 @@ def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
     assert records[1]["rollout/logprob_abs_diff"] < 1e-3  # engine and trainer agree on log-probs
     assert {s for s, r in records.items() if "val/reward_mean" in r} == {3, 6}
     assert result.plot_path is not None and result.plot_path.read_bytes()[:4] == b"\x89PNG"
-    assert list((workdir / "runs" / "tensorboard").glob("events.out.tfevents.*"))
+    # project_name / experiment_name ("grpo" / "tiny" in the preset) name the run's folders.
+    assert result.metrics_path == workdir / "runs" / "grpo" / "tiny" / "metrics.jsonl"
+    assert result.plot_path == workdir / "runs" / "grpo" / "tiny" / "metrics.png"
+    assert list((workdir / "runs" / "tensorboard" / "grpo" / "tiny").glob("events.out.tfevents.*"))
 
 
 def test_every_save_exports_the_trained_policy_as_hf_weights(run_a) -> None:
@@ -173,7 +176,7 @@ def test_a_run_killed_between_save_and_metrics_record_writes_the_record_on_resum
     workdir, first = run_a
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy)
-    jsonl = copy / "runs" / "metrics.jsonl"
+    jsonl = copy / "runs" / "grpo" / "tiny" / "metrics.jsonl"
     lines = jsonl.read_text().splitlines()
     assert json.loads(lines[-1])["step"] == STEPS
     jsonl.write_text("\n".join(lines[:-1]) + "\n")

@@ -144,11 +144,23 @@ def test_hanging_reward_times_out_without_blocking(manager, sources, hang):
         result = manager.score(batch)
     elapsed = time.monotonic() - start
     assert result.scores == [1.0, 0.0, 1.0, 0.0, 0.0]
-    assert (result.n_errors, result.n_timeouts) == (0, 2)
-    # ~2 s (1 s timeout, two workers) plus worker restarts on a busy machine; the hangs last 6 s to forever
+    # Both workers hang by the batch's 1 s budget: the two hung calls and the one never started.
+    assert (result.n_errors, result.n_timeouts) == (0, 3)
+    # ~1 s (the batch's budget) plus worker restarts on a busy machine; the hangs last 6 s to forever
     assert elapsed < (5.0 if threads else 20.0)
-    assert any(e["event"] == "reward timeouts scored 0" and e["count"] == 2 for e in logs)
+    assert any(e["event"] == "reward timeouts scored 0" and e["count"] == 3 for e in logs)
     assert manager.score([item("exact")]).scores == [1.0]  # the manager still works afterwards
+
+
+def test_many_hanging_rows_cost_one_timeout_per_batch(sources):
+    """16 hanging rows on one reward worker: the batch ends at its 1 s budget, not after 16 s."""
+    with rw.RewardManager(1.0, isolation="process", num_workers=1) as m:
+        start = time.monotonic()
+        result = m.score([item("exact"), *[item("sleeps") for _ in range(16)]])
+        elapsed = time.monotonic() - start
+        assert result.scores[0] == 1.0 and result.n_timeouts == 16
+        assert elapsed < 6.0, elapsed  # one budget plus a worker start on a busy machine
+        assert m.score([item("exact")]).scores == [1.0]
 
 
 def test_process_isolation_kills_hung_workers_and_survives_crashes(sources):

@@ -157,7 +157,7 @@ class AlgorithmConfig:
 @dataclass(frozen=True, kw_only=True)
 class RewardConfig:
     custom_fn: str | None = None  # "package.module:function", loaded only when set explicitly
-    timeout_s: float = 10.0
+    timeout_s: float = 60.0  # the budget of one batch's scoring (all its rows, num_workers at a time)
     num_workers: int = 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -126,6 +127,8 @@ def _pipeline_problems(cfg: TrainerConfig, *, dp: int) -> list[str]:
         if rows % size
     ]
 
+
+_FOLDER_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 
 # (dotted key, test of the value, what the value must be): each checked on the resolved config.
 _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
@@ -339,6 +342,12 @@ def value_problems(cfg: TrainerConfig) -> list[str]:
             problems.append(f"{key}={refused} cannot be honoured: {why}.")
     problems += _override_problems(cfg)
     problems += _unread_problems(cfg)
+    problems += [
+        f"{key}={name!r} names a folder (<logging.dir>/<project_name>/<experiment_name>): use letters, "
+        f"digits, '.', '_' or '-', not starting with '.'."
+        for key, name in (("project_name", cfg.project_name), ("experiment_name", cfg.experiment_name))
+        if not _FOLDER_NAME.fullmatch(name)
+    ]
     if cfg.algorithm.adv_estimator == "grpo" and cfg.rollout.n < 2:
         problems.append(
             f"rollout.n={cfg.rollout.n} with algorithm.adv_estimator=grpo: GRPO's advantage is a "

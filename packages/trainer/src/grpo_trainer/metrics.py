@@ -31,9 +31,12 @@ PLOT_PANELS = (
 
 class MetricsLogger:
     """Appends one JSON object per step to `<dir>/metrics.jsonl` (resumed runs keep appending and
-    readers keep the last record of a step) and mirrors scalars to TensorBoard."""
+    readers keep the last record of a step) and mirrors scalars to TensorBoard (`tensorboard_dir`,
+    default `<dir>/tensorboard`)."""
 
-    def __init__(self, directory: Path, *, console: bool, jsonl: bool, tensorboard: bool) -> None:
+    def __init__(
+        self, directory: Path, *, console: bool, jsonl: bool, tensorboard: bool, tensorboard_dir: Path | None = None
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.console = console
@@ -43,7 +46,7 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(directory / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(tensorboard_dir or directory / "tensorboard"))
 
     def log(self, step: int, metrics: dict[str, float], *, console: bool = True) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}

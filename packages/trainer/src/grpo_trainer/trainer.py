@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 import torch
@@ -264,23 +265,35 @@ class _Run:
             ray.shutdown()
 
 
+def run_dir(cfg: TrainerConfig) -> Path:
+    """Where a run's metrics.jsonl and metrics.png go: `<logging.dir>/<project_name>/<experiment_name>`
+    (TensorBoard's events under `<logging.dir>/tensorboard/` in the same two folders, so one
+    TensorBoard over `<logging.dir>/tensorboard` shows each experiment as its own run)."""
+    return Path(cfg.logging.dir) / cfg.project_name / cfg.experiment_name
+
+
 def _is_due(step: int, freq: int, total: int) -> bool:
     return step == total or (freq > 0 and step % freq == 0)
 
 
-def train(cfg: TrainerConfig) -> TrainResult:
+def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) -> TrainResult:
     """Run GRPO as configured by `cfg` (from `grpo_config.load`) and return where things went.
 
     Resumes per `checkpoint.resume` ("auto": the latest complete checkpoint under
     `checkpoint.dir`, if any). A worker that raises, dies or outlives its phase's `timeouts.*`
-    limit stops the run with `WorkerError`."""
+    limit stops the run with `WorkerError`. `ray_runtime_env` is the Ray job's runtime env when
+    this call starts Ray (the launchers' logging set-up for every worker: `logging.level`)."""
     wall_start = time.perf_counter()
     run = _Run(cfg)
     cpus = (os.cpu_count() or 1) if resolve_device_kind(cfg) is DeviceKind.CPU else None
-    started_ray = ensure_ray(num_cpus=max(cpus, run.world_size) if cpus else None)
-    log_dir = Path(cfg.logging.dir)
+    started_ray = ensure_ray(num_cpus=max(cpus, run.world_size) if cpus else None, runtime_env=ray_runtime_env)
+    log_dir = run_dir(cfg)
     logger = MetricsLogger(
-        log_dir, console=cfg.logging.console, jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard
+        log_dir,
+        console=cfg.logging.console,
+        jsonl=cfg.logging.jsonl,
+        tensorboard=cfg.logging.tensorboard,
+        tensorboard_dir=Path(cfg.logging.dir) / "tensorboard" / cfg.project_name / cfg.experiment_name,
     )
     try:
         run.start_workers()

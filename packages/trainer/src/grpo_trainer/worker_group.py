@@ -58,20 +58,23 @@ class WorkerTimeoutError(WorkerError):
     """Ranks gave no answer within a call's timeout; the message carries their Python stacks."""
 
 
-def ensure_ray(*, num_cpus: int | None) -> bool:
-    """Start a local Ray cluster (or join `RAY_ADDRESS`) unless Ray is already initialised.
-    Returns True when this call started it (the caller then shuts it down)."""
+def ensure_ray(*, num_cpus: int | None, runtime_env: dict[str, Any] | None = None) -> bool:
+    """Start a local Ray cluster (or join `RAY_ADDRESS`) unless Ray is already initialised, with
+    `runtime_env` for the job's workers. Returns True when this call started it (the caller then
+    shuts it down)."""
     import ray
 
     if ray.is_initialized():
+        if runtime_env:
+            log.warning("ray.runtime_env_not_applied", reason="Ray was initialised before train()")
         return False
     address = os.environ.get("RAY_ADDRESS")
     if address:
         log.info("ray.join", address=address)
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
     else:
         log.info("ray.start_local", num_cpus=num_cpus)
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
     return True
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import structlog
 
 from grpo_launch.dry_run import render_dry_run
-from grpo_launch.logging_setup import LOG_LEVELS, configure_logging
+from grpo_launch.logging_setup import LOG_LEVELS, configure_logging, worker_runtime_env
 from grpo_launch.plan import LaunchPlan, device_from_cli, plan_full, plan_tiny
 from grpo_launch.profile import DEVICE_KINDS, LaunchProfile
 from grpo_launch.steps import preflight_problems, run_common_steps
@@ -44,7 +44,9 @@ def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
     )
     parser.add_argument("--dry-run", action="store_true", help="print the resolved launch and exit")
     parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and logs go here")
-    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    parser.add_argument(
+        "--log-level", choices=LOG_LEVELS, default=None, help="the same as logging.level=LEVEL (default: info)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return parser
 
@@ -69,9 +71,15 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
     if bad:
         print(f"error: overrides are key=value pairs; got {' '.join(bad)}", file=sys.stderr)
         return EXIT_USAGE
-    configure_logging(level=args.log_level)
+    if args.log_level is not None:
+        args.overrides = [*args.overrides, f"logging.level={args.log_level}"]
+    # The level asked for on the command line from the start (planning may build the tiny preset);
+    # the resolved config's, once it is known.
+    asked = [o.partition("=")[2].strip() for o in args.overrides if o.partition("=")[0].strip() == "logging.level"]
+    json_lines = configure_logging(level=asked[-1] if asked and asked[-1] in LOG_LEVELS else "info")
     try:
         plan = plan_launch(profile, args)
+        json_lines = configure_logging(level=plan.config.logging.level)
         if args.dry_run:
             sys.stdout.write(render_dry_run(plan, environ=os.environ))
             for problem in preflight_problems(plan):
@@ -81,10 +89,10 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
     except ValueError as exc:  # LaunchError, grpo_config.ConfigError and bad environment values
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _train(plan)
+    return _train(plan, json_lines=json_lines)
 
 
-def _train(plan: LaunchPlan) -> int:
+def _train(plan: LaunchPlan, *, json_lines: bool) -> int:
     # torch, Ray and the engines: imported only once a run really starts. From its defining module
     # (re-exported as `grpo_trainer.train`) so that importing the launcher stays light.
     from grpo_trainer.trainer import train
@@ -96,7 +104,8 @@ def _train(plan: LaunchPlan) -> int:
         device=plan.device,
         output_dir=str(plan.output_dir),
     )
-    result = train(plan.config)
+    level = plan.config.logging.level
+    result = train(plan.config, ray_runtime_env=worker_runtime_env(level=level, json=json_lines))
     log.info("training finished", launcher=plan.launcher, result=_describe(result))
     return 0
 

@@ -71,6 +71,27 @@ def configure_logging(*, level: str = "info", stream: TextIO | None = None, json
     return use_json
 
 
+_LEVEL_ENV = "GRPO_LOG_LEVEL"
+_JSON_ENV = "GRPO_LOG_JSON"
+
+
+def worker_runtime_env(*, level: str, json: bool) -> dict[str, Any]:
+    """Ray's job-level runtime env that configures logging the same way in every worker process
+    (`configure_worker_logging` runs there before any actor code)."""
+    return {
+        "worker_process_setup_hook": "grpo_launch.logging_setup.configure_worker_logging",
+        "env_vars": {_LEVEL_ENV: level, _JSON_ENV: "1" if json else "0"},
+    }
+
+
+def configure_worker_logging() -> None:
+    """Ray's worker_process_setup_hook: the driver's level and format, to stderr (Ray forwards a
+    worker's stderr to the driver)."""
+    import os
+
+    configure_logging(level=os.environ.get(_LEVEL_ENV, "info"), json=os.environ.get(_JSON_ENV, "1") == "1")
+
+
 # Libraries that attach their own stderr handler and stop propagation when imported (Ray does).
 _SELF_HANDLED_LOGGERS = ("ray",)
 

@@ -39,16 +39,22 @@ class Outcome:
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
 
 
+def _not_started(timeout_s: float) -> Outcome:
+    return Outcome("timeout", message=f"not started within the batch's {timeout_s:g} s")
+
+
 class ThreadRunner:
     def __init__(self, *, num_workers: int = 1) -> None:
         self.num_workers = max(1, num_workers)
         self.abandoned = 0  # threads still running past their deadline, ever
 
     def run(self, calls: Sequence[Call], timeout_s: float) -> list[Outcome]:
+        """Every call done within `timeout_s` of the start (the batch's budget), else a timeout."""
         outcomes: list[Outcome | None] = [None] * len(calls)
         done: queue.Queue[tuple[int, Outcome]] = queue.Queue()  # one per run: late finishers go nowhere
         pending = deque(range(len(calls)))
         deadlines: dict[int, float] = {}
+        batch_deadline = time.monotonic() + timeout_s
 
         def work(i: int) -> None:
             fn, args = calls[i]
@@ -58,10 +64,16 @@ class ThreadRunner:
                 done.put((i, Outcome("error", message=describe_error(exc))))
 
         while pending or deadlines:
+            if pending and time.monotonic() >= batch_deadline:
+                for i in pending:
+                    outcomes[i] = _not_started(timeout_s)
+                pending.clear()
             while pending and len(deadlines) < self.num_workers:
                 i = pending.popleft()
-                deadlines[i] = time.monotonic() + timeout_s
+                deadlines[i] = batch_deadline
                 threading.Thread(target=work, args=(i,), daemon=True, name=f"reward-{i}").start()
+            if not deadlines:
+                continue
             try:
                 i, outcome = done.get(timeout=max(0.0, min(deadlines.values()) - time.monotonic()))
                 if i in deadlines:
@@ -72,7 +84,7 @@ class ThreadRunner:
             now = time.monotonic()
             for i in [i for i, deadline in deadlines.items() if deadline <= now]:
                 del deadlines[i]
-                outcomes[i] = Outcome("timeout", message=f"no result after {timeout_s:g} s")
+                outcomes[i] = Outcome("timeout", message=f"no result within the batch's {timeout_s:g} s")
                 self.abandoned += 1
         return [o for o in outcomes if o is not None]
 
@@ -180,13 +192,20 @@ class ProcessRunner:
         return key
 
     def run(self, calls: Sequence[tuple[int, tuple[Any, ...]]], timeout_s: float) -> list[Outcome]:
-        """`calls` are (function_key, args). Raises FunctionLoadError when a function cannot be
-        loaded by a fresh worker (the caller then falls back to threads)."""
+        """`calls` are (function_key, args), every one done within `timeout_s` of the start (the
+        batch's budget: hung calls cost one timeout per batch, not one each), else a timeout.
+        Raises FunctionLoadError when a function cannot be loaded by a fresh worker (the caller
+        then falls back to threads)."""
         outcomes: list[Outcome | None] = [None] * len(calls)
         pending = deque(range(len(calls)))
         busy: dict[int, tuple[_Worker, int, float]] = {}  # out_fd -> (worker, call index, deadline)
+        batch_deadline = time.monotonic() + timeout_s
         try:
             while pending or busy:
+                if pending and time.monotonic() >= batch_deadline:
+                    for i in pending:
+                        outcomes[i] = _not_started(timeout_s)
+                    pending.clear()
                 while pending and len(busy) < self.num_workers:
                     worker = self._take_worker()
                     i = pending.popleft()
@@ -198,7 +217,7 @@ class ProcessRunner:
                         worker.kill()
                         outcomes[i] = Outcome("error", message=worker.exit_note())
                         continue
-                    busy[worker.out_fd] = (worker, i, time.monotonic() + timeout_s)
+                    busy[worker.out_fd] = (worker, i, batch_deadline)
                 if not busy:
                     continue
                 wait = max(0.0, min(d for _, _, d in busy.values()) - time.monotonic())
@@ -218,7 +237,7 @@ class ProcessRunner:
                     worker, i, _ = busy.pop(fd)
                     worker.kill()  # the only way to stop a hung call; a fresh worker replaces it
                     outcomes[i] = Outcome(
-                        "timeout", message=f"no result after {timeout_s:g} s (worker killed)"
+                        "timeout", message=f"no result within the batch's {timeout_s:g} s (worker killed)"
                     )
         finally:
             for worker, _, _ in busy.values():  # interrupted mid-batch: their replies would be stale

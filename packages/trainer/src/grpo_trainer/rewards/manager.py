@@ -1,5 +1,7 @@
 """Scoring a batch of responses. A reward that raises, returns something that is not a number,
-or runs past `timeout_s` scores 0, is counted and logged; the run goes on. An item whose
+or is not done within `timeout_s` of the batch's start (one budget for the whole batch, shared by
+`num_workers` workers: hung rows cost one timeout per batch, not one each) scores 0, is counted and
+logged; the run goes on. An item whose
 data_source has no reward function scores 0 and is counted too (one warning per source).
 
 With `custom_fn` set, that function scores every item whatever its data_source (as verl's
@@ -151,6 +153,8 @@ class RewardManager:
                 log.warning(
                     f"reward {status}s scored 0",
                     count=len(failed),
+                    **({"hint": "raise reward.timeout_s (the batch's budget) or reward.num_workers"}
+                       if status == "timeout" else {}),
                     examples=[
                         {"item": i, "data_source": rewards[i].data_source, "message": message}
                         for i, message in failed[:MAX_LOGGED_FAILURES]
