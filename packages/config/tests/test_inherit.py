@@ -7,6 +7,8 @@ import dataclasses
 
 from grpo_config import MegatronConfig, ParallelConfig, RefConfig, TrainerConfig, load, resolve_ref
 from grpo_config.inherit import INHERITED
+from grpo_config.loader import build
+from grpo_config.sources import collect
 
 
 def test_loaded_ref_has_no_none_and_equals_actor() -> None:
@@ -18,7 +20,10 @@ def test_loaded_ref_has_no_none_and_equals_actor() -> None:
 
 
 def test_actor_settings_reach_ref_the_122b_bug() -> None:
-    cfg = load(None, ["actor.backend=megatron",
+    cfg = load(
+        None,
+        [
+            "actor.backend=megatron",
             "actor.model_path=/models/Qwen3.5-122B-A10B",
             "actor.dtype=float16",
             "actor.use_remove_padding=false",
@@ -57,19 +62,26 @@ def test_explicit_ref_values_win() -> None:
 
 
 def test_ref_sections_merge_field_by_field() -> None:
-    cfg = load(
-        {
-            "device": {"devices_per_node": 8},
-            "parallel": {"tp": 2, "pp": 2, "ep": 2},
-            "actor": {
-                "backend": "megatron",
-                "megatron": {"transformer_impl": "local", "override_transformer_config": {"a": 1, "b": 2}},
+    # Built without the cross-field checks (they refuse a ref layout other than the actor's).
+    cfg = build(
+        collect(
+            {
+                "device": {"devices_per_node": 8},
+                "parallel": {"tp": 2, "pp": 2, "ep": 2},
+                "actor": {
+                    "backend": "megatron",
+                    "megatron": {
+                        "transformer_impl": "local",
+                        "override_transformer_config": {"a": 1, "b": 2},
+                    },
+                },
+                "ref": {
+                    "parallel": {"tp": 4},
+                    "megatron": {"param_offload": True, "override_transformer_config": {"b": 3}},
+                },
             },
-            "ref": {
-                "parallel": {"tp": 4},
-                "megatron": {"param_offload": True, "override_transformer_config": {"b": 3}},
-            },
-        }
+            [],
+        )
     )
     assert cfg.ref.parallel == ParallelConfig(tp=4, pp=2, ep=2)
     assert cfg.ref.megatron is not None

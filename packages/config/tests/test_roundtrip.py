@@ -20,7 +20,7 @@ SOURCE = {
         "ppo_mini_batch_size": 8,
         "megatron": {"override_transformer_config": {"x": [1, 2]}},
     },
-    "ref": {"use_remove_padding": False, "parallel": {"tp": 4}},
+    "ref": {"use_remove_padding": False, "log_prob_micro_batch_size_per_device": 2},
     "checkpoint": {"strict": False, "max_to_keep": 2},
 }
 
@@ -37,7 +37,8 @@ def test_dict_load_to_dict_round_trip() -> None:
         "vpp": 2,
         "sequence_parallel": False,
     }
-    assert data["ref"]["parallel"]["tp"] == 4 and data["ref"]["parallel"]["pp"] == 2
+    assert data["ref"]["parallel"] == data["parallel"]  # inherited
+    assert data["ref"]["log_prob_micro_batch_size_per_device"] == 2
     assert load(data) == cfg
     assert to_dict(load(data)) == data
 

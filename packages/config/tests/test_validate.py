@@ -134,9 +134,11 @@ def test_zero_sizes_are_reported_not_divided_by() -> None:
     assert "actor.ppo_micro_batch_size_per_device=0 must be a positive integer." in msg
 
 
-def test_ref_parallel_is_checked_too() -> None:
-    msg = _problems(["device.devices_per_node=8", "ref.parallel.tp=3"])
-    assert "ref.parallel.tp * ref.parallel.pp * ref.parallel.cp = 3*1*1 = 3 does not divide" in msg
+def test_ref_parallel_may_only_repeat_the_actor_layout() -> None:
+    megatron = ["actor.backend=megatron", "device.devices_per_node=8", "parallel.tp=2", "parallel.sequence_parallel=true"]
+    assert load(None, [*megatron, "ref.parallel.tp=2"]).ref.parallel == load(None, megatron).parallel
+    assert "shares the actor's parallel layout" in _problems([*megatron, "ref.parallel.tp=4"])
+    assert "read by the Megatron backend only" in _problems(["device.devices_per_node=8", "ref.parallel.tp=2"])
 
 
 def test_all_problems_reported_at_once() -> None:

@@ -149,7 +149,6 @@ _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("actor.megatron.moe_z_loss_coeff", lambda v: v >= 0, ">= 0"),
     ("data.max_prompt_length", lambda v: v >= 1, ">= 1 tokens"),
     ("data.max_response_length", lambda v: v >= 1, ">= 1 tokens"),
-    ("data.val_batch_size", lambda v: v is None or v >= 1, ">= 1 or null (all validation prompts at once)"),
     ("rollout.temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
     ("rollout.val_temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
     ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -303,6 +302,38 @@ def _changed(section: Any, default: Any, names: Any, prefix: str) -> list[str]:
     ]
 
 
+# Megatron settings of the training side only: the reference model has no optimizer or gradients.
+_TRAINING_ONLY = (
+    "use_distributed_optimizer",
+    "optimizer_offload_fraction",
+    "grad_offload",
+    "optimizer_offload",
+    "override_optimizer_config",
+)
+
+
+def _megatron_reference_problems(cfg: TrainerConfig) -> list[str]:
+    problems: list[str] = []
+    if cfg.ref.parallel not in (None, cfg.parallel):
+        problems.append(
+            "ref.parallel differs from parallel: the Megatron reference model shares the actor's "
+            "parallel layout (one set of process groups). Remove ref.parallel (it inherits parallel)."
+        )
+    if cfg.ref.megatron is not None:
+        changed = _changed(cfg.ref.megatron, cfg.actor.megatron, _TRAINING_ONLY, "ref.megatron")
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: the reference model is frozen (no optimizer, no gradients), so "
+                f"these settings have nothing to act on. Remove them (ref.megatron inherits the actor's)."
+            )
+    if cfg.parallel.cp > 1:
+        problems.append(
+            f"parallel.cp={cfg.parallel.cp}: context parallelism is not supported by the Megatron "
+            f"backend's log-prob path yet. Set parallel.cp=1."
+        )
+    return problems
+
+
 def _unread_problems(cfg: TrainerConfig) -> list[str]:
     problems: list[str] = []
     if cfg.actor.backend == "torch":
@@ -319,6 +350,13 @@ def _unread_problems(cfg: TrainerConfig) -> list[str]:
                 f"{', '.join(changed)}: read by the Megatron backend only, and actor.backend=torch (data "
                 f"parallel over every device, no model parallelism). Remove them or set actor.backend=megatron."
             )
+    if cfg.actor.backend == "megatron":
+        problems += _megatron_reference_problems(cfg)
+    if cfg.data.val_batch_size is not None:
+        problems.append(
+            f"data.val_batch_size={cfg.data.val_batch_size}: grpo generates the whole validation set in "
+            f"one call per rank (verl deprecated this key too). Remove it."
+        )
     if cfg.rollout.engine == "hf":
         changed = _changed(cfg.rollout, RolloutConfig(), _VLLM_ONLY, "rollout")
         if changed:
@@ -386,11 +424,8 @@ def validate(cfg: TrainerConfig, *, num_experts: int | None = None) -> None:
     ]
     if not problems:
         world = cfg.device.nnodes * cfg.device.devices_per_node
+        # ref.parallel may only repeat parallel (value_problems refuses a different layout).
         problems += _parallel_problems(cfg.parallel, prefix="parallel", world=world, num_experts=num_experts)
-        if cfg.ref.parallel is not None and cfg.ref.parallel != cfg.parallel:
-            problems += _parallel_problems(
-                cfg.ref.parallel, prefix="ref.parallel", world=world, num_experts=num_experts
-            )
         problems += _batch_problems(cfg, world=world)
         if world % cfg.rollout.tensor_parallel_size:
             problems.append(

@@ -138,7 +138,8 @@ class VLLMRolloutEngine:
             kv_cache_memory_bytes = cpu_kv_cache_bytes(
                 model_path,
                 tokens=max_model_len
-                * max(cfg.data.train_batch_size * rollout.n, cfg.data.val_batch_size or 0),
+                * cfg.data.train_batch_size
+                * max(rollout.n, rollout.val_n),
                 dtype=rollout.dtype or cfg.actor.dtype,
             )
         dtype = rollout.dtype or cfg.actor.dtype
