@@ -46,6 +46,7 @@ def megatron_cfg(
         transformer_impl="local",
         moe_grouped_gemm=grouped_experts,  # local layers: torch._grouped_mm experts
         moe_permute_fusion=False,
+        apply_rope_fusion=False,
         moe_token_dispatcher_type="alltoall",
         moe_router_load_balancing_type="none",
         attention_backend=attention,  # auto: SDPA; unfused: megatron-core DotProductAttention

@@ -34,6 +34,7 @@ MEGATRON = [
     "actor.megatron.transformer_impl=local",
     "actor.megatron.moe_grouped_gemm=true",
     "actor.megatron.moe_permute_fusion=false",
+    "actor.megatron.apply_rope_fusion=false",
     "actor.megatron.moe_router_load_balancing_type=none",
     "actor.megatron.use_distributed_optimizer=true",
     'actor.megatron.override_transformer_config={"deterministic_mode": true}',

@@ -83,3 +83,18 @@ def test_without_export_hf_no_weights_are_exported(tmp_path) -> None:
     step_dir = tmp_path / "checkpoints" / "global_step_1"
     assert not (step_dir / HF_EXPORT_DIR).exists()
     assert "hf_export" not in json.loads((step_dir / "manifest.json").read_text())
+
+
+def test_save_contents_chooses_what_the_training_state_holds(tmp_path) -> None:
+    """checkpoint.save_contents: without "optimizer" (or "extra") the optimizer (and the LR schedule)
+    stay out of the checkpoint; the model is always resumable from it."""
+    full = _worker(tmp_path / "full", "checkpoint.export_hf=false")
+    _save(full, 1)
+    loaded = CheckpointManager(tmp_path / "full" / "checkpoints").load(tmp_path / "full" / "checkpoints" / "global_step_1")
+    assert loaded.model and loaded.optimizer is not None and loaded.scheduler is not None
+    lean = _worker(tmp_path / "lean", "checkpoint.export_hf=false", "checkpoint.save_contents=[model]")
+    _save(lean, 1)
+    step_dir = tmp_path / "lean" / "checkpoints" / "global_step_1"
+    loaded = CheckpointManager(step_dir.parent).load(step_dir)
+    assert loaded.model and loaded.optimizer is None and loaded.scheduler is None
+    assert json.loads((step_dir / "manifest.json").read_text())["components"] == ["dataloader", "model"]

@@ -74,7 +74,11 @@ def qwen35(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, list
         provider = bridge.to_megatron_provider(load_weights=True)
         cfg = TrainerConfig()
         local = dataclasses.replace(
-            cfg.actor.megatron, transformer_impl="local", moe_grouped_gemm=False, moe_permute_fusion=False
+            cfg.actor.megatron,
+            transformer_impl="local",
+            moe_grouped_gemm=False,
+            moe_permute_fusion=False,
+            apply_rope_fusion=False,
         )
         configure_provider(provider, cfg, megatron=local, seq_length=128)
         provider.use_cpu_initialization = True

@@ -62,7 +62,7 @@ def _run(workdir: Path, overrides: list[str]) -> TrainResult:
 @pytest.fixture(scope="module")
 def run_a(ray_cluster, tmp_path_factory) -> tuple[Path, TrainResult]:
     workdir = tmp_path_factory.mktemp("run_a")
-    return workdir, _run(workdir, OVERRIDES)
+    return workdir, _run(workdir, [*OVERRIDES, "val_before_train=true"])
 
 
 def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
@@ -75,8 +75,13 @@ def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
     assert (result.checkpoint_dir / "latest").read_text().strip() == "global_step_6"
     state = json.loads((result.checkpoint_dir / "global_step_6" / "trainer_state.json").read_text())
     assert state["global_step"] == STEPS
+    # ppo_mini_batch_size=4 of train_batch_size=8 prompts, ppo_epochs=1: two optimizer steps a step.
+    from grpo_ckpt import CheckpointManager
+
+    optimizer = CheckpointManager(result.checkpoint_dir).load(result.checkpoint_dir / "global_step_6").optimizer
+    assert {int(s["step"]) for s in optimizer["state"].values()} == {2 * STEPS}
     records = read_metrics(result.metrics_path)
-    assert list(records) == list(range(1, STEPS + 1))
+    assert list(records) == list(range(0, STEPS + 1))  # step 0: val_before_train
     for key in (
         "reward/mean",
         "actor/kl",
@@ -93,7 +98,8 @@ def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
     assert {s for s, r in records.items() if "timing/save_s" in r} == {2, 4, 6}
     assert {s for s, r in records.items() if "timing/validate_s" in r} == {3, 6}
     assert records[1]["rollout/logprob_abs_diff"] < 1e-3  # engine and trainer agree on log-probs
-    assert {s for s, r in records.items() if "val/reward_mean" in r} == {3, 6}
+    assert {s for s, r in records.items() if "val/reward_mean" in r} == {0, 3, 6}
+    assert set(records[0]) == {key for key in records[3] if key.startswith("val/")}
     assert result.plot_path is not None and result.plot_path.read_bytes()[:4] == b"\x89PNG"
     # project_name / experiment_name ("grpo" / "tiny" in the preset) name the run's folders.
     assert result.metrics_path == workdir / "runs" / "grpo" / "tiny" / "metrics.jsonl"
@@ -185,7 +191,7 @@ def test_a_run_killed_between_save_and_metrics_record_writes_the_record_on_resum
     resumed = _run(copy, OVERRIDES)
     assert resumed.resumed_from is not None and resumed.resumed_from.name == f"global_step_{STEPS}"
     records = read_metrics(jsonl)
-    assert list(records) == list(range(1, STEPS + 1))
+    assert list(records) == list(range(0, STEPS + 1))
     assert records[STEPS]["reward/mean"] == first.rewards[STEPS]
     assert "timing/update_s" in records[STEPS]
 

@@ -166,6 +166,8 @@ def test_an_override_of_a_grpo_megatron_setting_sets_that_setting() -> None:
     """verl passes recompute and MoE options as override_transformer_config entries; grpo has them as
     settings of their own, so the entry lands on the setting (one place for one value)."""
     cfg = load(None, ["actor.backend=megatron",
+            "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
+            "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform",
             "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=2",
             "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.01",
             "actor_rollout_ref.ref.megatron.override_transformer_config.moe_z_loss_coeff=0.001",

@@ -93,6 +93,15 @@ CANNOT_HONOUR = [
         "ref.megatron.optimizer_offload=True: the reference model is frozen",
     ),
     (
+        [*MEGATRON, "actor.megatron.recompute_method=block", "actor.megatron.recompute_num_layers=3"],
+        "actor.megatron.recompute_method=block, actor.megatron.recompute_num_layers=3 without "
+        "actor.megatron.recompute_granularity recomputes nothing",
+    ),
+    (
+        [*MEGATRON, "ref.megatron.gradient_accumulation_fusion=true"],
+        "ref.megatron.gradient_accumulation_fusion=True: the reference model is frozen",
+    ),
+    (
         [*MEGATRON, "actor.megatron.override_optimizer_config={lr: 1.0}"],
         "override_optimizer_config.lr is set by grpo from actor.lr",
     ),

@@ -135,6 +135,21 @@ def test_from_config_reads_the_actor_settings_and_the_response_budget() -> None:
     assert (loss_fn.loss_agg_mode, loss_fn.entropy_coeff, loss_fn.kl_coef) == ("seq-mean-token-sum-norm", 0.02, None)
     assert loss_fn.loss_scale_factor == 300 and not loss_fn.uses_reference and loss_fn.entropy_requires_grad
     assert GRPOLoss.from_config(grpo_config.load({"rollout": {"max_tokens": 64}})).loss_scale_factor == 64
+    clipped = GRPOLoss.from_config(
+        grpo_config.load(
+            {
+                "actor": {
+                    "clip_ratio_low": 0.1,
+                    "clip_ratio_high": 0.28,
+                    "clip_ratio_c": 2.5,
+                    "kl_loss_coef": 0.05,
+                    "kl_loss_type": "k1",
+                }
+            }
+        )
+    )
+    assert (clipped.clip_ratio_low, clipped.clip_ratio_high, clipped.clip_ratio_c) == (0.1, 0.28, 2.5)
+    assert (clipped.kl_coef, clipped.kl_type) == (0.05, "k1") and clipped.uses_reference
     with pytest.raises(ValueError, match="unknown loss_agg_mode"):
         _loss("sum")
 

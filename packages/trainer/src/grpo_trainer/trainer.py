@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,9 +140,7 @@ class _Run:
             rewards = torch.tensor(scored.scores, dtype=torch.float32)
 
         with timer("advantages"):
-            advantages = grpo_math.group_advantages(
-                rewards, rollout.group_ids, norm_by_std=cfg.algorithm.norm_adv_by_std, eps=cfg.algorithm.adv_eps
-            )
+            advantages = self.advantages(rewards, rollout.group_ids)
 
         batch = pad_rows(
             [item.prompt_ids for item in rollout.items],
@@ -189,6 +187,13 @@ class _Run:
             )
         workers.rollout_sleep()
         return outputs
+
+    def advantages(self, rewards: torch.Tensor, group_ids: Sequence[Hashable]) -> torch.Tensor:
+        """GRPO's per-response advantage, as `algorithm.norm_adv_by_std` / `adv_eps` say."""
+        algorithm = self.cfg.algorithm
+        return grpo_math.group_advantages(
+            rewards, group_ids, norm_by_std=algorithm.norm_adv_by_std, eps=algorithm.adv_eps
+        )
 
     def sampling_params(self, *, validation: bool) -> SamplingParams:
         r = self.cfg.rollout

@@ -41,6 +41,7 @@ def _cfg(model_path: Path, *, grouped_experts: bool, backend: str = "megatron"):
         transformer_impl="local",
         moe_grouped_gemm=grouped_experts,
         moe_permute_fusion=False,
+        apply_rope_fusion=False,
         moe_router_load_balancing_type="none",
         use_distributed_optimizer=True,
         # FLA 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper; megatron-core's

@@ -36,6 +36,7 @@ LOCAL = MegatronConfig(
     transformer_impl="local",
     moe_grouped_gemm=False,
     moe_permute_fusion=False,
+    apply_rope_fusion=False,
     moe_token_dispatcher_type="allgather",  # alltoall creates a CUDA stream at construction
     moe_aux_loss_coeff=0.01,
     recompute_granularity="selective",
@@ -74,6 +75,20 @@ def test_override_check_uses_the_real_provider_fields() -> None:
     assert validate_overrides({"recompute_granularity": "full", "deterministic_mode": True}, fields)
     with pytest.raises(UnknownOverrideFieldError, match="did you mean 'moe_router_topk'"):
         validate_overrides({"moe_router_top_k": 2}, fields)
+
+
+def test_optimizer_overrides_are_checked_against_the_real_optimizer_config() -> None:
+    from megatron.core.optimizer import OptimizerConfig
+
+    from grpo_trainer.backends.megatron.provider_config import optimizer_settings
+
+    fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    megatron = dataclasses.replace(LOCAL, override_optimizer_config={"overlap_cpu_optimizer_d2h_h2d": True})
+    settings = optimizer_settings(_cfg(megatron), megatron=megatron)
+    assert set(settings) <= fields  # every field grpo sets exists in this megatron-core
+    OptimizerConfig(**settings)
+    with pytest.raises(UnknownOverrideFieldError, match="override_optimizer_config has keys"):
+        validate_overrides({"overlap_cpu_optimizer_d2h_h2": True}, fields, setting="override_optimizer_config")
 
 
 def test_settings_and_overrides_land_on_the_bridge_provider(auto_bridge: object, qwen35_path: Path) -> None:

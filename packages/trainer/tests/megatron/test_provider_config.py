@@ -17,9 +17,11 @@ from grpo_trainer.backends.megatron import (
     resolve_parallel_layout,
     validate_overrides,
 )
-from grpo_trainer.backends.megatron.provider_config import torch_grouped_experts
+from grpo_trainer.backends.megatron.provider_config import optimizer_settings, torch_grouped_experts
 
-LOCAL = MegatronConfig(transformer_impl="local", moe_grouped_gemm=False, moe_permute_fusion=False)
+LOCAL = MegatronConfig(
+    transformer_impl="local", moe_grouped_gemm=False, moe_permute_fusion=False, apply_rope_fusion=False
+)
 
 
 def _cfg(
@@ -42,8 +44,6 @@ def test_local_settings_map_every_option() -> None:
         recompute_method="uniform",
         recompute_num_layers=2,
         attention_backend="unfused",
-        apply_rope_fusion=True,
-        gradient_accumulation_fusion=True,
     )
     parallel = ParallelConfig(tp=2, pp=4, ep=8, etp=1, cp=1, vpp=2, sequence_parallel=True)
     settings = provider_settings(_cfg(megatron, parallel), transformer_engine_available=False)
@@ -68,7 +68,7 @@ def test_local_settings_map_every_option() -> None:
         "recompute_method": "uniform",
         "recompute_num_layers": 2,
         "attention_backend": "unfused",
-        # TE/apex kernels: off with the local layers whatever the config says.
+        # TE/apex kernels: the local layers run without them (a request for them is refused).
         "apply_rope_fusion": False,
         "gradient_accumulation_fusion": False,
         "parallel_output": True,
@@ -93,20 +93,6 @@ def test_transformer_engine_settings_keep_fusions_and_vpp_of_one_is_none() -> No
     assert "masked_softmax_fusion" not in settings
 
 
-def test_recompute_is_off_without_granularity() -> None:
-    megatron = replace(LOCAL, recompute_method="block", recompute_num_layers=3)
-    settings = provider_settings(_cfg(megatron), transformer_engine_available=False)
-    assert (
-        settings["recompute_granularity"],
-        settings["recompute_method"],
-        settings["recompute_num_layers"],
-    ) == (
-        None,
-        None,
-        None,
-    )
-
-
 def test_default_config_without_transformer_engine_names_every_switch() -> None:
     with pytest.raises(TransformerEngineRequiredError) as err:
         provider_settings(_cfg(MegatronConfig()), transformer_engine_available=False)
@@ -121,6 +107,8 @@ def test_default_config_without_transformer_engine_names_every_switch() -> None:
     [
         ({"moe_permute_fusion": True}, "moe_permute_fusion=false"),
         ({"attention_backend": "fused"}, "attention_backend=auto"),
+        ({"apply_rope_fusion": True}, "apply_rope_fusion=false"),
+        ({"gradient_accumulation_fusion": True}, "gradient_accumulation_fusion=false"),
     ],
 )
 def test_local_impl_refuses_te_only_options(change: dict[str, object], switch: str) -> None:
@@ -157,9 +145,13 @@ def test_offload_fraction_out_of_range() -> None:
 
 
 def test_ref_settings_can_differ_from_the_actor() -> None:
-    ref = replace(LOCAL, recompute_granularity="selective")
+    """The reference model is built from ref.megatron's model settings (transformer_impl, MoE
+    dispatch and losses, attention backend, fusions)."""
+    ref = replace(LOCAL, moe_token_dispatcher_type="allgather", attention_backend="unfused")
     settings = provider_settings(_cfg(), transformer_engine_available=False, megatron=ref)
-    assert settings["recompute_granularity"] == "selective"
+    actor = provider_settings(_cfg(), transformer_engine_available=False, megatron=LOCAL)
+    assert settings["moe_token_dispatcher_type"] == "allgather" != actor["moe_token_dispatcher_type"]
+    assert settings["attention_backend"] == "unfused" != actor["attention_backend"]
 
 
 # -- parallel sizes -----------------------------------------------------------------------------
@@ -256,3 +248,24 @@ def test_unknown_override_without_a_near_field() -> None:
     with pytest.raises(UnknownOverrideFieldError) as err:
         validate_overrides({"zzz": 1}, FIELDS)
     assert "'zzz'" in str(err.value) and "did you mean" not in str(err.value)
+
+
+def test_optimizer_settings_follow_the_actor_and_offload_settings() -> None:
+    """actor.lr / weight_decay / grad_clip / dtype, use_distributed_optimizer, optimizer_offload(
+    _fraction) and override_optimizer_config become megatron-core OptimizerConfig fields."""
+    plain = optimizer_settings(_cfg(lr=2e-6, weight_decay=0.1, grad_clip=0.5), megatron=LOCAL)
+    assert (plain["lr"], plain["min_lr"], plain["weight_decay"], plain["clip_grad"]) == (2e-6, 2e-6, 0.1, 0.5)
+    assert plain["bf16"] and not plain["fp16"] and plain["use_distributed_optimizer"]
+    assert not plain["optimizer_cpu_offload"] and plain["optimizer_offload_fraction"] == 0.0
+    offloaded = replace(
+        LOCAL,
+        optimizer_offload=True,
+        use_distributed_optimizer=False,
+        override_optimizer_config={"overlap_cpu_optimizer_d2h_h2d": True},
+    )
+    settings = optimizer_settings(_cfg(offloaded), megatron=offloaded)
+    assert settings["optimizer_cpu_offload"] and settings["optimizer_offload_fraction"] == 1.0
+    assert settings["use_precision_aware_optimizer"] and not settings["use_distributed_optimizer"]
+    assert settings["overlap_cpu_optimizer_d2h_h2d"] is True
+    half = replace(LOCAL, optimizer_offload_fraction=0.5)
+    assert optimizer_settings(_cfg(half), megatron=half)["optimizer_offload_fraction"] == 0.5

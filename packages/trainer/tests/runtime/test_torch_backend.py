@@ -177,6 +177,18 @@ def _count_micro_batches(actor: Actor) -> list[int]:
     return counts
 
 
+def _count_update_micro_batches(actor: Actor) -> list[int]:
+    counts: list[int] = []
+    forward_backward = actor.backend.forward_backward
+
+    def counting(micros, loss_fn):
+        counts.append(len(micros))
+        return forward_backward(micros, loss_fn)
+
+    actor.backend.forward_backward = counting
+    return counts
+
+
 def test_log_probs_match_an_unpadded_forward_whatever_the_micro_batch(tiny_model_dir) -> None:
     """By rows (log_prob_micro_batch_size_per_device) or under a token budget
     (log_prob_use_dynamic_bsz, log_prob_max_token_len_per_device; the reference model's own
@@ -220,7 +232,7 @@ def test_one_update_is_the_same_for_any_micro_batching(tiny_model_dir, mode) -> 
     """Gradient accumulation over micro-batches (by count or by a token budget) must give the
     gradient of the whole mini-batch: the gradients and the logged loss agree. Dr. GRPO's divisor
     is a constant, so micro-batches cut to different widths agree too."""
-    results = []
+    results, micro_batch_counts = [], []
     for actor_kwargs in (
         {"ppo_micro_batch_size_per_device": 8},
         {"ppo_micro_batch_size_per_device": 1},
@@ -229,10 +241,14 @@ def test_one_update_is_the_same_for_any_micro_batching(tiny_model_dir, mode) -> 
         actor = _actor(tiny_model_dir, loss_agg_mode=mode, **actor_kwargs)
         before = _params(actor)
         grads = _capture_grads(actor)
+        counts = _count_update_micro_batches(actor)
         metrics = actor.update_mini_batch(_prepare(actor, _batch()))
         results.append((grads, metrics))
+        micro_batch_counts.append(counts[0])
     assert any(not torch.equal(before[k], v) for k, v in _params(actor).items())
     assert sum(float(g.abs().sum()) for g in results[0][0].values()) > 0
+    # ppo_micro_batch_size_per_device / use_dynamic_bsz + ppo_max_token_len_per_device cut the 8 rows.
+    assert micro_batch_counts[:2] == [1, 8] and 1 < micro_batch_counts[2] < 8
     for grads, metrics in results[1:]:
         _assert_close(results[0][0], grads, atol=1e-6)
         assert metrics["pg_loss"] == pytest.approx(results[0][1]["pg_loss"], abs=1e-5)
@@ -369,3 +385,85 @@ def test_ranks_with_a_token_budget_agree_on_one_micro_batch_count(tiny_model_dir
     assert ranks[0]["alone"] != ranks[1]["alone"]
     assert ranks[0]["agreed"] == ranks[1]["agreed"] == max(r["alone"] for r in ranks)
     assert ranks[0]["loss"] == pytest.approx(ranks[1]["loss"])
+
+
+# -- settings and their effect -------------------------------------------------------------------
+def test_grad_clip_bounds_the_applied_gradient_norm(tiny_model_dir) -> None:
+    """actor.grad_clip: the optimizer receives gradients of norm grad_clip; the logged grad_norm is
+    the norm before clipping (as verl logs it)."""
+    actor = _actor(tiny_model_dir, grad_clip=1e-3, use_kl_loss=False)
+    batch = _batch(seed=5)
+    batch.old_log_probs = actor.log_probs(batch)["log_probs"]
+    grads = _capture_grads(actor)
+    metrics = actor.update_mini_batch(batch)
+    applied = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+    assert metrics["grad_norm"] > 1e-2
+    assert float(applied) == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_weight_decay_shrinks_the_weights_when_the_loss_has_no_gradient(tiny_model_dir) -> None:
+    """actor.weight_decay (decoupled, AdamW): with zero advantages and no KL the loss gradient is 0,
+    so one step multiplies every weight by 1 - lr * weight_decay."""
+    actor = _actor(tiny_model_dir, weight_decay=0.5, lr=1e-2, use_kl_loss=False)
+    batch = _batch(seed=6)
+    batch.advantages = torch.zeros_like(batch.advantages)
+    batch.old_log_probs = actor.log_probs(batch)["log_probs"]
+    before = _params(actor)
+    actor.update_mini_batch(batch)
+    after = _params(actor)
+    name = "model.embed_tokens.weight"
+    torch.testing.assert_close(after[name], before[name] * (1 - 1e-2 * 0.5), atol=1e-7, rtol=1e-6)
+
+
+def test_gradient_checkpointing_recomputes_and_gives_the_same_gradients(tiny_model_dir) -> None:
+    plain, checkpointed = _actor(tiny_model_dir), _actor(tiny_model_dir, gradient_checkpointing=True)
+    def on(actor: Actor) -> bool:
+        module = actor.backend.module
+        if hasattr(module, "is_activation_checkpointing"):
+            return module.is_activation_checkpointing
+        return module.is_gradient_checkpointing
+
+    assert on(checkpointed) and not on(plain)
+    batch = _prepare(plain, _batch(seed=7))
+    grads_plain, grads_checkpointed = _capture_grads(plain), _capture_grads(checkpointed)
+    plain.update_mini_batch(batch)
+    checkpointed.update_mini_batch(batch)
+    _assert_close(grads_plain, grads_checkpointed, atol=1e-6)
+
+
+def test_ppo_epochs_pass_over_every_mini_batch_again(tiny_model_dir) -> None:
+    actor = _actor(tiny_model_dir)
+    batch = _prepare(actor, _batch(seed=8))
+    steps: list[int] = []
+    actor.backend.optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    actor.update(batch, num_mini_batches=2, ppo_epochs=3)
+    assert len(steps) == 2 * 3
+
+
+def test_the_reference_model_is_ref_model_path_in_ref_dtype(tiny_model_dir, tmp_path) -> None:
+    """ref.model_path loads another checkpoint as the frozen reference; ref.dtype is the precision
+    its log-probs are computed in (here float32 while the actor computes in bfloat16)."""
+    from transformers import AutoModelForCausalLM
+
+    other = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.5)
+    other.save_pretrained(tmp_path / "ref")
+    cfg = grpo_config.load(
+        {
+            **grpo_config.to_dict(_cfg(tiny_model_dir, dtype="bfloat16")),
+            "ref": {"model_path": str(tmp_path / "ref"), "dtype": "float32"},
+        }
+    )
+    actor = Actor(cfg, TorchBackend(cfg, device=CPU))
+    batch = _batch(seed=9)
+    policy = actor.log_probs(batch)["log_probs"]
+    ref = actor.log_probs(batch, ref=True)["log_probs"]
+    row = 0
+    n = int(batch.attention_mask[row].sum())
+    ids = batch.input_ids[row : row + 1, :n]
+    with torch.no_grad():
+        logits = other(input_ids=ids).logits[0, :-1].float()
+    expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(ref[row, 1:n], expected, atol=1e-5, rtol=1e-5)  # float32, the other weights
+    assert (policy[row, 1:n] - expected).abs().max() > 1e-2

@@ -36,6 +36,9 @@ def vllm_cfg():
             enforce_eager=True,
             gpu_memory_utilization=0.3,
             weight_sync_bucket_mb=1,
+            dtype="float32",
+            max_num_batched_tokens=200,
+            engine_kwargs={"max_num_seqs": 48},
         ),
     )
 

@@ -140,3 +140,7 @@ def test_from_config_maps_the_rollout_settings(vllm_engine, vllm_cfg):
     assert config.parallel_config.tensor_parallel_size == 1
     assert config.cache_config.kv_cache_memory_bytes == 64 * 2**20  # CPU: sized to the batch, 64 MiB floor
     assert vllm_engine.bucket_bytes == 1 * 2**20
+    assert config.scheduler_config.max_num_batched_tokens == 200  # rollout.max_num_batched_tokens
+    assert config.scheduler_config.max_num_seqs == 48  # rollout.engine_kwargs
+    assert config.model_config.trust_remote_code is False  # actor.trust_remote_code
+    assert config.model_config.seed == 7

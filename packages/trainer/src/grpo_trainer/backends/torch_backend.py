@@ -53,7 +53,9 @@ class TorchBackend:
             )
             self.ref_module.requires_grad_(False).eval()
         if actor.gradient_checkpointing:
-            self.module.gradient_checkpointing_enable()
+            # transformers >= 5.17 names it activation checkpointing; older releases do not have that.
+            enable = getattr(self.module, "activation_checkpointing_enable", None) or self.module.gradient_checkpointing_enable
+            enable()
         self.module.train()
         self.model: torch.nn.Module = (
             DistributedDataParallel(self.module, device_ids=None if device.type == "cpu" else [device])

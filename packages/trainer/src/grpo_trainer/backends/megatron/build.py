@@ -32,6 +32,7 @@ from grpo_trainer.backends.megatron.imports import (
 from grpo_trainer.backends.megatron.provider_config import (
     ModelShape,
     ParallelLayout,
+    optimizer_settings,
     provider_settings,
     resolve_parallel_layout,
     torch_grouped_experts,
@@ -186,25 +187,10 @@ def build_optimizer(cfg: TrainerConfig, model: list[torch.nn.Module], *, megatro
     or all of its state and update on the CPU."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    offload_fraction = megatron.optimizer_offload_fraction or (1.0 if megatron.optimizer_offload else 0.0)
-    settings: dict[str, Any] = dict(
-        optimizer="adam",
-        lr=cfg.actor.lr,
-        min_lr=cfg.actor.lr,
-        weight_decay=cfg.actor.weight_decay,
-        adam_beta1=0.9,
-        adam_beta2=0.999,
-        clip_grad=cfg.actor.grad_clip,
-        bf16=cfg.actor.dtype == "bfloat16",
-        fp16=cfg.actor.dtype == "float16",
-        params_dtype=_DTYPES[cfg.actor.dtype],
-        use_distributed_optimizer=megatron.use_distributed_optimizer,
-        optimizer_cpu_offload=offload_fraction > 0,
-        optimizer_offload_fraction=offload_fraction,
-        use_precision_aware_optimizer=offload_fraction > 0,
-    )
+    settings = optimizer_settings(cfg, megatron=megatron)
+    settings["params_dtype"] = _DTYPES[cfg.actor.dtype]
     valid = {f.name for f in dataclasses.fields(OptimizerConfig)}
-    settings.update(validate_overrides(megatron.override_optimizer_config, valid, setting="override_optimizer_config"))
+    validate_overrides(megatron.override_optimizer_config, valid, setting="override_optimizer_config")
     return get_megatron_optimizer(OptimizerConfig(**settings), model)
 
 

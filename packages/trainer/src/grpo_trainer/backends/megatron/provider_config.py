@@ -183,8 +183,8 @@ def provider_settings(
         "recompute_method": mc.recompute_method if recompute else None,
         "recompute_num_layers": mc.recompute_num_layers if recompute else None,
         "attention_backend": mc.attention_backend,
-        "apply_rope_fusion": mc.apply_rope_fusion and not local,
-        "gradient_accumulation_fusion": mc.gradient_accumulation_fusion and not local,
+        "apply_rope_fusion": mc.apply_rope_fusion,
+        "gradient_accumulation_fusion": mc.gradient_accumulation_fusion,
         # A training log-prob must be computed from the logits we hold, per vocab shard.
         "parallel_output": True,
     }
@@ -198,6 +198,29 @@ def provider_settings(
             cross_entropy_loss_fusion=False,
         )
     return settings
+
+
+def optimizer_settings(cfg: TrainerConfig, *, megatron: MegatronConfig) -> dict[str, Any]:
+    """megatron-core `OptimizerConfig` fields (but `params_dtype`) for the actor: Adam with grpo's
+    settings, the offload ones, then `override_optimizer_config` (grpo_config refuses overrides of
+    the fields grpo sets; the Megatron part checks the rest against OptimizerConfig)."""
+    offload_fraction = megatron.optimizer_offload_fraction or (1.0 if megatron.optimizer_offload else 0.0)
+    return {
+        "optimizer": "adam",
+        "lr": cfg.actor.lr,
+        "min_lr": cfg.actor.lr,
+        "weight_decay": cfg.actor.weight_decay,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.999,
+        "clip_grad": cfg.actor.grad_clip,
+        "bf16": cfg.actor.dtype == "bfloat16",
+        "fp16": cfg.actor.dtype == "float16",
+        "use_distributed_optimizer": megatron.use_distributed_optimizer,
+        "optimizer_cpu_offload": offload_fraction > 0,
+        "optimizer_offload_fraction": offload_fraction,
+        "use_precision_aware_optimizer": offload_fraction > 0,
+        **megatron.override_optimizer_config,
+    }
 
 
 def torch_grouped_experts(megatron: MegatronConfig) -> bool:
@@ -220,6 +243,11 @@ def _check_transformer_engine_options(
             needs_te.append("parallel.cp=1")
         if mc.attention_backend == "fused":
             needs_te.append("actor.megatron.attention_backend=auto")
+        # RoPE fusion and the fused weight-gradient accumulation are TE (or apex) kernels.
+        if mc.apply_rope_fusion:
+            needs_te.append("actor.megatron.apply_rope_fusion=false")
+        if mc.gradient_accumulation_fusion:
+            needs_te.append("actor.megatron.gradient_accumulation_fusion=false")
     if needs_te:
         where = (
             "transformer_impl=local"
