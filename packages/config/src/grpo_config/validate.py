@@ -320,9 +320,11 @@ _TRAINING_ONLY = (
 def _megatron_reference_problems(cfg: TrainerConfig) -> list[str]:
     problems: list[str] = []
     if cfg.ref.parallel not in (None, cfg.parallel):
+        names = [f.name for f in dataclasses.fields(ParallelConfig)]
         problems.append(
-            "ref.parallel differs from parallel: the Megatron reference model shares the actor's "
-            "parallel layout (one set of process groups). Remove ref.parallel (it inherits parallel)."
+            f"{', '.join(_changed(cfg.ref.parallel, cfg.parallel, names, 'ref.parallel'))}: ref.parallel differs "
+            "from parallel: the Megatron reference model shares the actor's parallel layout (one set of "
+            "process groups). Remove ref.parallel (it inherits parallel)."
         )
     if cfg.ref.megatron is not None:
         changed = _changed(cfg.ref.megatron, cfg.actor.megatron, _TRAINING_ONLY, "ref.megatron")

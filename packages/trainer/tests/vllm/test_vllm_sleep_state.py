@@ -67,6 +67,8 @@ def test_awake_sync_resets_the_prefix_cache():
 
 
 def test_without_sleep_mode_sleep_and_wake_only_log():
+    """rollout.free_cache_engine=false (or a platform without sleep mode): the engine keeps its
+    weights and KV cache; sleep and wake do nothing but log."""
     engine = _engine(sleep_mode=False)
     engine.sleep()
     engine.wake_up()

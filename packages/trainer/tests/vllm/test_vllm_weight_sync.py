@@ -144,3 +144,33 @@ def test_from_config_maps_the_rollout_settings(vllm_engine, vllm_cfg):
     assert config.scheduler_config.max_num_seqs == 48  # rollout.engine_kwargs
     assert config.model_config.trust_remote_code is False  # actor.trust_remote_code
     assert config.model_config.seed == 7
+
+
+def test_from_config_passes_every_rollout_setting(tiny_qwen3, vllm_cfg):
+    """What `from_config` hands the engine for each rollout.* setting (the engine above shows that
+    they land in vLLM's own config); free_cache_engine is vLLM's sleep mode."""
+    from dataclasses import replace
+
+    from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
+
+    class Capture(VLLMRolloutEngine):
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    rollout = replace(
+        vllm_cfg.rollout,
+        free_cache_engine=False,
+        gpu_memory_utilization=0.45,
+        tensor_parallel_size=2,
+        weight_sync_bucket_mb=3,
+        max_model_len=80,
+        dtype=None,
+    )
+    kwargs = Capture.from_config(replace(vllm_cfg, rollout=rollout), str(tiny_qwen3[0])).kwargs
+    assert kwargs["enable_sleep_mode"] is False and kwargs["gpu_memory_utilization"] == 0.45
+    assert kwargs["tensor_parallel_size"] == 2 and kwargs["weight_sync_bucket_mb"] == 3
+    assert kwargs["max_model_len"] == 80 and kwargs["max_num_batched_tokens"] == 200
+    assert kwargs["dtype"] == vllm_cfg.actor.dtype  # rollout.dtype unset: the actor's
+    assert kwargs["llm_kwargs"] == {"max_num_seqs": 48, "trust_remote_code": False}
+    on = Capture.from_config(vllm_cfg, str(tiny_qwen3[0])).kwargs
+    assert on["enable_sleep_mode"] is True and on["max_model_len"] == 64 + 32
