@@ -289,3 +289,52 @@ def test_offload_frees_the_device_and_onload_restores_the_policy(actor) -> None:
     assert torch.equal(after, before)
     assert metrics["step_skipped"] == 0.0
     assert all(torch.isfinite(torch.tensor(metrics[k])) for k in ("loss", "grad_norm"))
+
+
+def test_rollout_memory_offloads_what_each_setting_names_and_turns_segments_off_for_the_rollout(actor) -> None:
+    """The path `PolicyWorker.rollout_wake` / `rollout_sleep` take (RolloutMemory): per offload
+    setting, the device memory freed before the rollout and the offload / onload time; with
+    rollout.engine=vllm, expandable segments are off (read back from the live allocator) while the
+    engine would be awake and on again for training. The policy is unchanged afterwards."""
+    import time
+    from dataclasses import replace
+
+    from grpo_device import DeviceKind
+    from grpo_trainer.rollout_memory import RolloutMemory
+
+    cuda = DeviceKind.CUDA
+    assert actor.cfg.rollout.engine == "vllm" and actor.cfg.device.expandable_segments
+    RolloutMemory.start(actor.cfg, kind=cuda)
+    assert grpo_device.read_expandable_segments(cuda) is True
+    batch = _batch(seed=4)
+    before = actor.log_probs(batch)["log_probs"]
+    owned = _device_bytes(actor)
+    rows: list[tuple[str, float, float, float]] = []
+    for name, flags in (
+        ("param_offload", {"param_offload": True}),
+        ("grad_offload", {"grad_offload": True}),
+        ("optimizer_offload", {"optimizer_offload": True}),
+        ("all three", {"param_offload": True, "grad_offload": True, "optimizer_offload": True}),
+    ):
+        megatron = replace(actor.cfg.actor.megatron, **flags)
+        memory = RolloutMemory(replace(actor.cfg, actor=replace(actor.cfg.actor, megatron=megatron)), actor.backend, kind=cuda)
+        grpo_device.synchronize()
+        held = grpo_device.memory_stats(cuda).allocated_bytes
+        started = time.perf_counter()
+        memory.before_rollout()
+        grpo_device.synchronize()
+        offload_s = time.perf_counter() - started
+        freed = held - grpo_device.memory_stats(cuda).allocated_bytes
+        assert grpo_device.read_expandable_segments(cuda) is False, name
+        started = time.perf_counter()
+        memory.after_rollout()
+        grpo_device.synchronize()
+        onload_s = time.perf_counter() - started
+        assert grpo_device.read_expandable_segments(cuda) is True, name
+        assert freed > 0, name
+        rows.append((name, freed / 2**20, offload_s, onload_s))
+    print(f"\nrollout memory: the policy owns {owned / 2**20:.1f} MiB on the device")
+    for name, freed_mib, offload_s, onload_s in rows:
+        print(f"  {name:18s} freed {freed_mib:8.1f} MiB  offload {offload_s * 1e3:7.1f} ms  onload {onload_s * 1e3:7.1f} ms")
+    assert rows[-1][1] * 2**20 >= 0.9 * owned
+    assert torch.equal(actor.log_probs(batch)["log_probs"], before)
