@@ -166,7 +166,10 @@ READ: dict[str, tuple[str, ...]] = {
     "rollout.top_p": (SAMPLING,),
     "rollout.top_k": (SAMPLING,),
     "rollout.max_tokens": (SAMPLING, LOSS),
-    "rollout.tensor_parallel_size": (VLLM_KWARGS, VLLM_SETTINGS),
+    "rollout.tensor_parallel_size": (
+        VLLM_KWARGS,
+        f"{SETTINGS}::test_a_rollout_engine_over_several_ranks_is_refused_before_anything_starts",
+    ),
     "rollout.gpu_memory_utilization": (VLLM_KWARGS,),
     "rollout.enforce_eager": (VLLM_SETTINGS,),
     "rollout.max_model_len": (VLLM_KWARGS, VLLM_SETTINGS),

@@ -359,11 +359,18 @@ def test_full_run_does_the_common_steps_then_trains(
     }.items():
         monkeypatch.setenv(key, value)
     seen: list[object] = []
-    monkeypatch.setattr(grpo_trainer.trainer, "train", seen.append)
+    runtime_envs: list[dict] = []
+
+    def fake_train(cfg, *, ray_runtime_env):
+        seen.append(cfg)
+        runtime_envs.append(ray_runtime_env)
+
+    monkeypatch.setattr(grpo_trainer.trainer, "train", fake_train)
 
     assert main_35b(["--device", "npu", "--output-dir", str(tmp_path / "out")]) == 0
 
     (cfg,) = seen
+    assert runtime_envs[0]["worker_process_setup_hook"]  # workers configure logging as the driver
     assert cfg.actor.model_path == str(model) and cfg.parallel.pp == 2
     assert cfg.data.train_files == [str(tmp_path / "data/geo3k/train.parquet")]
     assert (tmp_path / "data/geo3k/train.parquet").is_file() and (

@@ -177,3 +177,8 @@ def test_each_phase_waits_as_long_as_its_timeout_setting(preset, monkeypatch) ->
     assert [call[0] for call in _RecordingGroup.calls] == list(expected)
     for method, setting, limit in _RecordingGroup.calls:
         assert (setting, limit) == (f"timeouts.{expected[method]}", limits[expected[method]]), method
+
+
+def test_a_rollout_engine_over_several_ranks_is_refused_before_anything_starts(preset) -> None:
+    with pytest.raises(ValueError, match="rollout.tensor_parallel_size=2: rollout replicas spanning 2"):
+        _run(preset, "rollout.engine=vllm", "rollout.tensor_parallel_size=2")

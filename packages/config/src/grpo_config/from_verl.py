@@ -9,6 +9,7 @@ line goes to stderr with its reason. Exit status 0 when the YAML loads as it is,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shlex
@@ -22,6 +23,7 @@ import yaml
 
 from grpo_config.errors import ConfigError
 from grpo_config.loader import build
+from grpo_config.schema import ParallelConfig
 from grpo_config.serialize import to_dict
 from grpo_config.sources import collect
 from grpo_config.validate import validate, value_problems
@@ -94,6 +96,17 @@ def _place(nested: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+_PARALLEL_KEYS = frozenset(f"parallel.{f.name}" for f in dataclasses.fields(ParallelConfig))
+
+
+def _grpo_keys(line: str) -> set[str]:
+    """The grpo keys one override sets (none when it does not map)."""
+    try:
+        return set(collect({}, [line]).values)
+    except ConfigError:
+        return set()
+
+
 def _why_refused(line: str, context: list[str]) -> str | None:
     """None when `line` on its own (after `context`, the inferred lines) maps to a grpo setting with
     a value grpo honours."""
@@ -125,10 +138,13 @@ def convert(overrides: Iterable[str]) -> Conversion:
     if any(k.startswith(_MEGATRON_KEYS) for k in keys) and _STRATEGY not in keys:
         inferred.append(f"{_STRATEGY}=megatron")
     lines = inferred + lines
+    # ref.parallel may only repeat the actor's sizes, so a ref size is checked beside them.
+    actor_sizes = [line for line in lines if _grpo_keys(line) & _PARALLEL_KEYS]
     accepted: list[str] = []
     refused: list[tuple[str, str]] = []
     for line in lines:
-        reason = _why_refused(line, inferred)
+        is_ref_size = any(key.startswith("ref.parallel.") for key in _grpo_keys(line))
+        reason = _why_refused(line, [*inferred, *actor_sizes] if is_ref_size else inferred)
         if reason is None:
             accepted.append(line)
         else:

@@ -80,12 +80,25 @@ def _batches(sampler: ResumableSampler) -> Iterator[list[int]]:
         yield from sampler
 
 
+def _refuse_rollout_replicas(cfg: TrainerConfig) -> None:
+    """A vLLM engine over several training ranks is not built yet: refused before anything starts,
+    instead of every one-device worker starting its own k-way engine and failing."""
+    k = cfg.rollout.tensor_parallel_size
+    if cfg.rollout.engine == "vllm" and k > 1:
+        raise ValueError(
+            f"rollout.tensor_parallel_size={k}: rollout replicas spanning {k} training ranks are not "
+            f"built yet (each one-device worker would start its own {k}-way vLLM engine and fail). "
+            "Use rollout.tensor_parallel_size=1, one engine per rank, until they are."
+        )
+
+
 class _Run:
     """State of one `train` call; its methods are the loop's phases."""
 
     def __init__(self, cfg: TrainerConfig) -> None:
         from transformers import AutoTokenizer
 
+        _refuse_rollout_replicas(cfg)
         self.cfg = cfg
         self.world_size = cfg.device.nnodes * cfg.device.devices_per_node
         self.tokenizer = AutoTokenizer.from_pretrained(

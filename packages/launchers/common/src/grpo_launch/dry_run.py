@@ -28,6 +28,15 @@ def world_summary(plan: LaunchPlan) -> dict[str, Any]:
         "rollout": {
             "tensor_parallel_size": cfg.rollout.tensor_parallel_size,
             "replicas": world // cfg.rollout.tensor_parallel_size,
+            "ranks_of_each_replica": [
+                f"{first}-{first + cfg.rollout.tensor_parallel_size - 1}"
+                for first in range(0, world, cfg.rollout.tensor_parallel_size)
+            ],
+            **(
+                {"status": "train() refuses a replica over several ranks: not built yet"}
+                if cfg.rollout.engine == "vllm" and cfg.rollout.tensor_parallel_size > 1
+                else {}
+            ),
         },
     }
 
