@@ -60,7 +60,10 @@ READ: dict[str, tuple[str, ...]] = {
         f"{MEMORY}::test_the_run_starts_with_the_configured_allocator_mode",
         f"{MEMORY}::test_offload_then_segments_off_for_vllm_and_back_in_reverse",
     ),
-    "parallel.tp": (PROVIDER_MAP, f"{TRAINER}/runtime/test_batching.py::test_parallel_layout_decides_the_micro_batch_shape"),
+    "parallel.tp": (
+        PROVIDER_MAP,
+        f"{TRAINER}/runtime/test_batching.py::test_parallel_layout_decides_the_micro_batch_shape",
+    ),
     "parallel.pp": (PROVIDER_MAP,),
     "parallel.ep": (PROVIDER_MAP,),
     "parallel.etp": (PROVIDER_MAP,),
@@ -69,19 +72,31 @@ READ: dict[str, tuple[str, ...]] = {
     "data.train_files": (f"{SETTINGS}::test_prompt_key_names_the_column_holding_the_prompt",),
     "data.val_files": (f"{SETTINGS}::test_prompt_key_names_the_column_holding_the_prompt",),
     "data.prompt_key": (f"{SETTINGS}::test_prompt_key_names_the_column_holding_the_prompt",),
-    "data.max_prompt_length": (f"{SETTINGS}::test_overlong_prompts_are_filtered_or_cut_as_the_data_settings_say",),
+    "data.max_prompt_length": (
+        f"{SETTINGS}::test_overlong_prompts_are_filtered_or_cut_as_the_data_settings_say",
+    ),
     "data.max_response_length": (SAMPLING, LOSS),
-    "data.train_batch_size": (TINY_TRAIN, f"{SETTINGS}::test_total_training_steps_or_else_total_epochs_decide_the_run_length"),
+    "data.train_batch_size": (
+        TINY_TRAIN,
+        f"{SETTINGS}::test_total_training_steps_or_else_total_epochs_decide_the_run_length",
+    ),
     "data.shuffle": (f"{SETTINGS}::test_shuffle_and_the_data_seed_order_the_batches",),
     "data.seed": (f"{SETTINGS}::test_shuffle_and_the_data_seed_order_the_batches",),
-    "data.filter_overlong_prompts": (f"{SETTINGS}::test_overlong_prompts_are_filtered_or_cut_as_the_data_settings_say",),
+    "data.filter_overlong_prompts": (
+        f"{SETTINGS}::test_overlong_prompts_are_filtered_or_cut_as_the_data_settings_say",
+    ),
     "data.truncation": (f"{SETTINGS}::test_overlong_prompts_are_filtered_or_cut_as_the_data_settings_say",),
     "data.apply_chat_template": (
         f"{TRAINER}/test_data.py::test_dataset_applies_chat_template_with_generation_prompt",
         f"{TRAINER}/test_data.py::test_string_prompt_and_apply_chat_template_false",
     ),
-    "actor.model_path": ("tests/test_tiny_train.py::test_every_save_exports_the_trained_policy_as_hf_weights",),
-    "actor.trust_remote_code": (f"{TRAINER}/runtime/test_trust_remote_code.py::test_custom_code_loads_only_with_trust_remote_code", VLLM_SETTINGS),
+    "actor.model_path": (
+        "tests/test_tiny_train.py::test_every_save_exports_the_trained_policy_as_hf_weights",
+    ),
+    "actor.trust_remote_code": (
+        f"{TRAINER}/runtime/test_trust_remote_code.py::test_custom_code_loads_only_with_trust_remote_code",
+        VLLM_SETTINGS,
+    ),
     "actor.backend": (
         f"{TRAINER}/megatron/test_megatron_gpu.py::test_the_same_loss_as_the_torch_backend_on_the_same_weights_and_batch",
         "packages/config/tests/test_bad_values.py::test_bad_values_are_refused_with_the_key_the_value_and_the_range",
@@ -89,16 +104,28 @@ READ: dict[str, tuple[str, ...]] = {
     "actor.dtype": (f"{TORCH}::test_the_reference_model_is_ref_model_path_in_ref_dtype", VLLM_SETTINGS),
     "actor.lr": (f"{TORCH}::test_lr_warms_up_linearly_per_training_step", OPTIMIZER),
     "actor.lr_warmup_steps": (f"{TORCH}::test_lr_warms_up_linearly_per_training_step",),
-    "actor.weight_decay": (f"{TORCH}::test_weight_decay_shrinks_the_weights_when_the_loss_has_no_gradient", OPTIMIZER),
+    "actor.weight_decay": (
+        f"{TORCH}::test_weight_decay_shrinks_the_weights_when_the_loss_has_no_gradient",
+        OPTIMIZER,
+    ),
     "actor.grad_clip": (f"{TORCH}::test_grad_clip_bounds_the_applied_gradient_norm", OPTIMIZER),
     "actor.ppo_mini_batch_size": (TINY_TRAIN,),
     "actor.ppo_micro_batch_size_per_device": (MICRO,),
     "actor.ppo_max_token_len_per_device": (MICRO,),
     "actor.use_dynamic_bsz": (MICRO,),
     "actor.ppo_epochs": (f"{TORCH}::test_ppo_epochs_pass_over_every_mini_batch_again", TINY_TRAIN),
-    "actor.clip_ratio_low": (LOSS, f"{TRAINER}/test_grpo_math.py::test_policy_loss_hand_computed_single_tokens"),
-    "actor.clip_ratio_high": (LOSS, f"{TRAINER}/test_grpo_math.py::test_policy_loss_hand_computed_single_tokens"),
-    "actor.clip_ratio_c": (LOSS, f"{TRAINER}/test_grpo_math.py::test_policy_loss_hand_computed_single_tokens"),
+    "actor.clip_ratio_low": (
+        LOSS,
+        f"{TRAINER}/test_grpo_math.py::test_policy_loss_hand_computed_single_tokens",
+    ),
+    "actor.clip_ratio_high": (
+        LOSS,
+        f"{TRAINER}/test_grpo_math.py::test_policy_loss_hand_computed_single_tokens",
+    ),
+    "actor.clip_ratio_c": (
+        LOSS,
+        f"{TRAINER}/test_grpo_math.py::test_policy_loss_hand_computed_single_tokens",
+    ),
     "actor.loss_agg_mode": (LOSS, f"{TORCH}::test_one_update_equals_an_independent_reference_loop"),
     "actor.entropy_coeff": (LOSS,),
     "actor.use_kl_loss": (LOSS, f"{TORCH}::test_without_kl_no_reference_is_built_or_needed"),
@@ -115,7 +142,10 @@ READ: dict[str, tuple[str, ...]] = {
     "actor.megatron.optimizer_offload_fraction": (OPTIMIZER,),
     "actor.megatron.param_offload": (f"{MEMORY}::test_each_offload_setting_moves_its_own_part",),
     "actor.megatron.grad_offload": (f"{MEMORY}::test_each_offload_setting_moves_its_own_part",),
-    "actor.megatron.optimizer_offload": (f"{MEMORY}::test_each_offload_setting_moves_its_own_part", OPTIMIZER),
+    "actor.megatron.optimizer_offload": (
+        f"{MEMORY}::test_each_offload_setting_moves_its_own_part",
+        OPTIMIZER,
+    ),
     "actor.megatron.transformer_impl": (
         f"{PROVIDER}::test_default_config_without_transformer_engine_names_every_switch",
         PROVIDER_MAP,
@@ -124,10 +154,15 @@ READ: dict[str, tuple[str, ...]] = {
     "actor.megatron.recompute_granularity": (PROVIDER_MAP, LANDS_ON_PROVIDER),
     "actor.megatron.recompute_num_layers": (PROVIDER_MAP,),
     "actor.megatron.moe_grouped_gemm": (f"{PROVIDER}::test_local_grouped_gemm_means_torch_grouped_experts",),
-    "actor.megatron.moe_permute_fusion": (f"{PROVIDER}::test_local_impl_refuses_te_only_options", PROVIDER_MAP),
+    "actor.megatron.moe_permute_fusion": (
+        f"{PROVIDER}::test_local_impl_refuses_te_only_options",
+        PROVIDER_MAP,
+    ),
     "actor.megatron.moe_token_dispatcher_type": (PROVIDER_MAP,),
     "actor.megatron.moe_aux_loss_coeff": (PROVIDER_MAP, LANDS_ON_PROVIDER),
-    "actor.megatron.moe_z_loss_coeff": (f"{PROVIDER}::test_transformer_engine_settings_keep_fusions_and_vpp_of_one_is_none",),
+    "actor.megatron.moe_z_loss_coeff": (
+        f"{PROVIDER}::test_transformer_engine_settings_keep_fusions_and_vpp_of_one_is_none",
+    ),
     "actor.megatron.moe_router_load_balancing_type": (PROVIDER_MAP,),
     "actor.megatron.attention_backend": (PROVIDER_MAP, LANDS_ON_PROVIDER),
     "actor.megatron.apply_rope_fusion": (
@@ -187,7 +222,9 @@ READ: dict[str, tuple[str, ...]] = {
     "rollout.engine_kwargs": (VLLM_SETTINGS, VLLM_KWARGS),
     "algorithm.norm_adv_by_std": (f"{SETTINGS}::test_the_advantage_settings_shape_grpo_advantages",),
     "algorithm.adv_eps": (f"{SETTINGS}::test_the_advantage_settings_shape_grpo_advantages",),
-    "reward.custom_fn": ("packages/launchers/common/tests/test_tiny_preset.py::test_reward_travels_in_the_config_not_the_registry",),
+    "reward.custom_fn": (
+        "packages/launchers/common/tests/test_tiny_preset.py::test_reward_travels_in_the_config_not_the_registry",
+    ),
     "reward.timeout_s": (
         f"{SETTINGS}::test_the_reward_settings_reach_the_reward_manager",
         f"{TRAINER}/test_rewards_manager.py::test_many_hanging_rows_cost_one_timeout_per_batch",
@@ -211,17 +248,34 @@ READ: dict[str, tuple[str, ...]] = {
     ),
     "logging.dir": (TINY_TRAIN,),
     "logging.console": (f"{TRAINER}/runtime/test_metrics.py::test_jsonl_tensorboard_console_and_plot",),
-    "logging.jsonl": (f"{TRAINER}/runtime/test_metrics.py::test_jsonl_tensorboard_console_and_plot", TINY_TRAIN),
-    "logging.tensorboard": (f"{TRAINER}/runtime/test_metrics.py::test_jsonl_tensorboard_console_and_plot", TINY_TRAIN),
-    "logging.plot": (f"{TRAINER}/runtime/test_metrics.py::test_jsonl_tensorboard_console_and_plot", TINY_TRAIN),
+    "logging.jsonl": (
+        f"{TRAINER}/runtime/test_metrics.py::test_jsonl_tensorboard_console_and_plot",
+        TINY_TRAIN,
+    ),
+    "logging.tensorboard": (
+        f"{TRAINER}/runtime/test_metrics.py::test_jsonl_tensorboard_console_and_plot",
+        TINY_TRAIN,
+    ),
+    "logging.plot": (
+        f"{TRAINER}/runtime/test_metrics.py::test_jsonl_tensorboard_console_and_plot",
+        TINY_TRAIN,
+    ),
     "logging.level": ("tests/test_launch_tiny.py::test_logging_level_reaches_the_driver_and_every_worker",),
-    "timeouts.setup_s": (PHASE_TIMEOUTS, f"{TRAINER}/runtime/test_worker_group.py::test_a_hang_in_the_first_call_is_reported_with_its_stack"),
+    "timeouts.setup_s": (
+        PHASE_TIMEOUTS,
+        f"{TRAINER}/runtime/test_worker_group.py::test_a_hang_in_the_first_call_is_reported_with_its_stack",
+    ),
     "timeouts.generate_s": (PHASE_TIMEOUTS,),
     "timeouts.log_probs_s": (PHASE_TIMEOUTS,),
-    "timeouts.update_s": (PHASE_TIMEOUTS, "tests/test_tiny_train.py::test_a_phase_past_its_timeout_stops_train_with_the_ranks_stacks"),
+    "timeouts.update_s": (
+        PHASE_TIMEOUTS,
+        "tests/test_tiny_train.py::test_a_phase_past_its_timeout_stops_train_with_the_ranks_stacks",
+    ),
     "timeouts.weight_sync_s": (PHASE_TIMEOUTS,),
     "timeouts.checkpoint_s": (PHASE_TIMEOUTS,),
-    "timeouts.collective_s": (f"{SETTINGS}::test_collective_timeout_is_the_setting_or_past_the_longest_phase",),
+    "timeouts.collective_s": (
+        f"{SETTINGS}::test_collective_timeout_is_the_setting_or_past_the_longest_phase",
+    ),
 }
 
 MEGATRON = ["actor.backend=megatron", "device.devices_per_node=2"]
@@ -233,24 +287,56 @@ REFUSED: dict[str, tuple[list[str], str]] = {
     "parallel.cp": ([*MEGATRON, "parallel.cp=2"], "context parallelism is not supported"),
     "data.val_batch_size": (["data.val_batch_size=16"], "grpo generates the whole validation set"),
     "actor.use_remove_padding": (["actor.use_remove_padding=true"], "cannot be honoured"),
-    "actor.megatron.bridge": ([*MEGATRON, "actor.megatron.bridge=mbridge"], "allowed values: 'megatron-bridge'"),
-    "actor.megatron.use_dist_checkpointing": ([*MEGATRON, "actor.megatron.use_dist_checkpointing=true"], "cannot be honoured"),
+    "actor.megatron.bridge": (
+        [*MEGATRON, "actor.megatron.bridge=mbridge"],
+        "allowed values: 'megatron-bridge'",
+    ),
+    "actor.megatron.use_dist_checkpointing": (
+        [*MEGATRON, "actor.megatron.use_dist_checkpointing=true"],
+        "cannot be honoured",
+    ),
     "ref.use_remove_padding": (["ref.use_remove_padding=true"], "cannot be honoured"),
     **{
         f"ref.parallel.{name}": ([*MEGATRON, f"ref.parallel.{name}={value}"], SAME_LAYOUT)
-        for name, value in (("tp", 2), ("pp", 2), ("ep", 2), ("etp", 2), ("cp", 2), ("vpp", 2), ("sequence_parallel", "true"))
+        for name, value in (
+            ("tp", 2),
+            ("pp", 2),
+            ("ep", 2),
+            ("etp", 2),
+            ("cp", 2),
+            ("vpp", 2),
+            ("sequence_parallel", "true"),
+        )
     },
     "ref.megatron.bridge": ([*MEGATRON, "ref.megatron.bridge=mbridge"], "allowed values: 'megatron-bridge'"),
-    "ref.megatron.use_distributed_optimizer": ([*MEGATRON, "ref.megatron.use_distributed_optimizer=false"], FROZEN),
-    "ref.megatron.optimizer_offload_fraction": ([*MEGATRON, "ref.megatron.optimizer_offload_fraction=0.5"], FROZEN),
+    "ref.megatron.use_distributed_optimizer": (
+        [*MEGATRON, "ref.megatron.use_distributed_optimizer=false"],
+        FROZEN,
+    ),
+    "ref.megatron.optimizer_offload_fraction": (
+        [*MEGATRON, "ref.megatron.optimizer_offload_fraction=0.5"],
+        FROZEN,
+    ),
     "ref.megatron.grad_offload": ([*MEGATRON, "ref.megatron.grad_offload=true"], FROZEN),
     "ref.megatron.optimizer_offload": ([*MEGATRON, "ref.megatron.optimizer_offload=true"], FROZEN),
-    "ref.megatron.override_optimizer_config": ([*MEGATRON, "ref.megatron.override_optimizer_config={clip_grad: 2.0}"], FROZEN),
+    "ref.megatron.override_optimizer_config": (
+        [*MEGATRON, "ref.megatron.override_optimizer_config={clip_grad: 2.0}"],
+        FROZEN,
+    ),
     "ref.megatron.recompute_method": ([*MEGATRON, "ref.megatron.recompute_method=uniform"], FROZEN),
-    "ref.megatron.recompute_granularity": ([*MEGATRON, "ref.megatron.recompute_granularity=selective"], FROZEN),
+    "ref.megatron.recompute_granularity": (
+        [*MEGATRON, "ref.megatron.recompute_granularity=selective"],
+        FROZEN,
+    ),
     "ref.megatron.recompute_num_layers": ([*MEGATRON, "ref.megatron.recompute_num_layers=1"], FROZEN),
-    "ref.megatron.gradient_accumulation_fusion": ([*MEGATRON, "ref.megatron.gradient_accumulation_fusion=true"], FROZEN),
-    "ref.megatron.use_dist_checkpointing": ([*MEGATRON, "ref.megatron.use_dist_checkpointing=true"], "cannot be honoured"),
+    "ref.megatron.gradient_accumulation_fusion": (
+        [*MEGATRON, "ref.megatron.gradient_accumulation_fusion=true"],
+        FROZEN,
+    ),
+    "ref.megatron.use_dist_checkpointing": (
+        [*MEGATRON, "ref.megatron.use_dist_checkpointing=true"],
+        "cannot be honoured",
+    ),
     "algorithm.adv_estimator": (["algorithm.adv_estimator=gae"], "allowed values: 'grpo'"),
     "algorithm.use_kl_in_reward": (["algorithm.use_kl_in_reward=true"], "cannot be honoured"),
 }
@@ -283,8 +369,12 @@ def _tests_in(path: str) -> dict[str, str]:
 def test_every_leaf_is_read_or_refused_and_none_is_both() -> None:
     assert len(LEAVES) > 150
     entered = set(READ) | set(REFUSED)
-    assert not set(LEAVES) - entered, f"settings with no reader and no refusal: {sorted(set(LEAVES) - entered)}"
-    assert not entered - set(LEAVES), f"audit entries for settings the schema lacks: {sorted(entered - set(LEAVES))}"
+    assert not set(LEAVES) - entered, (
+        f"settings with no reader and no refusal: {sorted(set(LEAVES) - entered)}"
+    )
+    assert not entered - set(LEAVES), (
+        f"audit entries for settings the schema lacks: {sorted(entered - set(LEAVES))}"
+    )
     assert not set(READ) & set(REFUSED)
 
 

@@ -4,6 +4,7 @@ sampling parameters of training and validation rollouts, the collective timeout.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,11 +37,15 @@ def test_overlong_prompts_are_filtered_or_cut_as_the_data_settings_say(preset) -
     # The tiny task's prompts are 3 tokens after the chat template.
     with pytest.raises(ValueError, match="256 overlong filtered"):  # all filtered: refused, not an empty run
         _run(preset, "data.max_prompt_length=2")
-    cut = _run(preset, "data.max_prompt_length=2", "data.filter_overlong_prompts=false", "data.truncation=left")
+    cut = _run(
+        preset, "data.max_prompt_length=2", "data.filter_overlong_prompts=false", "data.truncation=left"
+    )
     assert cut.train_data.overlong == "truncate_left" and cut.train_data.report.n_truncated > 0
     assert len(cut.train_data) == 256 and max(len(cut.train_data[i].prompt_ids) for i in range(256)) == 2
-    with pytest.raises(ValueError, match="data.filter_overlong_prompts=true"):
-        _run(preset, "data.max_prompt_length=2", "data.filter_overlong_prompts=false", "data.truncation=error")
+    with pytest.raises(ValueError, match=r"data\.filter_overlong_prompts=true"):
+        _run(
+            preset, "data.max_prompt_length=2", "data.filter_overlong_prompts=false", "data.truncation=error"
+        )
 
 
 def test_shuffle_and_the_data_seed_order_the_batches(preset) -> None:
@@ -106,7 +111,7 @@ class _RecordingGroup:
     """Stands in for the Ray `WorkerGroup` (whose own timeout handling test_worker_group tests on a
     real Ray cluster): records the limit each call is given. A multi-node group cannot exist here."""
 
-    calls: list[tuple[str, str, float]] = []
+    calls: typing.ClassVar[list[tuple[str, str, float]]] = []
     world_size = 0
 
     def __init__(self, _cls, *, world_size: int, ready_timeout_s: float, **_kwargs) -> None:
@@ -123,7 +128,9 @@ class _RecordingGroup:
         if method == "setup":
             return [{"dp_size": self.world_size, "dp_rank": r} for r in ranks]
         if method == "log_probs":
-            return [torch.zeros(len(args[0].input_ids), args[0].input_ids.shape[1]) for args, _ in args_per_rank]
+            return [
+                torch.zeros(len(args[0].input_ids), args[0].input_ids.shape[1]) for args, _ in args_per_rank
+            ]
         if method == "load_checkpoint":
             return [{"trainer_state": {}, "dataloader_state": None}] * self.world_size
         return [{"path": "x"} if method == "export_hf" else "x" for _ in ranks]
@@ -144,9 +151,17 @@ def test_each_phase_waits_as_long_as_its_timeout_setting(preset, monkeypatch) ->
     monkeypatch.setattr(policy_workers, "WorkerGroup", _RecordingGroup)
     monkeypatch.setattr(ray, "put", lambda value: value)
     _RecordingGroup.calls = []
-    limits = {"setup_s": 101, "generate_s": 102, "log_probs_s": 103, "update_s": 104, "weight_sync_s": 105, "checkpoint_s": 106}
+    limits = {
+        "setup_s": 101,
+        "generate_s": 102,
+        "log_probs_s": 103,
+        "update_s": 104,
+        "weight_sync_s": 105,
+        "checkpoint_s": 106,
+    }
     cfg = grpo_config.load(
-        preset, ["device.nnodes=2", "device.devices_per_node=1", *(f"timeouts.{k}={v}" for k, v in limits.items())]
+        preset,
+        ["device.nnodes=2", "device.devices_per_node=1", *(f"timeouts.{k}={v}" for k, v in limits.items())],
     )
     workers = policy_workers.PolicyWorkers(cfg)
     assert _RecordingGroup.world_size == 2 and workers.dp_size == 2
@@ -180,5 +195,5 @@ def test_each_phase_waits_as_long_as_its_timeout_setting(preset, monkeypatch) ->
 
 
 def test_a_rollout_engine_over_several_ranks_is_refused_before_anything_starts(preset) -> None:
-    with pytest.raises(ValueError, match="rollout.tensor_parallel_size=2: rollout replicas spanning 2"):
+    with pytest.raises(ValueError, match=r"rollout\.tensor_parallel_size=2: rollout replicas spanning 2"):
         _run(preset, "rollout.engine=vllm", "rollout.tensor_parallel_size=2")
