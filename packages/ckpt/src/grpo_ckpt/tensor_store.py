@@ -57,6 +57,8 @@ def save_tensors(directory: Path, tensors: dict[str, torch.Tensor], *, threads: 
         except KeyError:  # a dtype without a safetensors name: let the library decide
             save_file(_unshared(tensors), directory / SINGLE_FILE)
             return {}
+    # torch < 2.14's HF writer hands tied (storage-sharing) tensors to safetensors, which refuses them.
+    tensors = {**tensors, **_unshared({k: t for k, t in tensors.items() if not isinstance(t, DTensor)})}
     writer = HuggingFaceStorageWriter(str(directory), save_distributed=True, thread_count=threads)
     with _quiet_single_process():
         dcp.save(tensors, storage_writer=writer, no_dist=not _distributed())
