@@ -20,6 +20,9 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     there than transformers' default grouped GEMM for small models."""
     from transformers import AutoModelForCausalLM
 
+    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+
+    use_torch_kernels_on_cpu()
     if not path:
         raise ValueError("actor.model_path is empty: set it to a Hugging Face model directory or hub id")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)

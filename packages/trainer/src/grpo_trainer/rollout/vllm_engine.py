@@ -397,6 +397,9 @@ def _to_generation(prompt_index: int, sample: Any) -> Generation:
 def _model_from_tensors(model_path: str, tensors: Mapping[str, torch.Tensor]) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+
+    use_torch_kernels_on_cpu()
     config = AutoConfig.from_pretrained(model_path)
     first = next(iter(tensors.values()))
     model = AutoModelForCausalLM.from_config(config, dtype=first.dtype)

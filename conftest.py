@@ -1,0 +1,15 @@
+"""Repository-wide test set-up."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_kernels_for_cpu_tensors() -> None:
+    """Tests build Hugging Face Qwen3.5 models directly too, not only through `load_causal_lm`: CPU
+    tensors take transformers' PyTorch Gated DeltaNet path even where FLA is installed
+    (`grpo_trainer.hf_kernels`)."""
+    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+
+    use_torch_kernels_on_cpu()

@@ -1,0 +1,85 @@
+"""`use_torch_kernels_on_cpu`: CPU tensors take transformers' PyTorch Gated DeltaNet path even when
+transformers bound FLA's Triton kernels (transformers < 5.20 does so whenever FLA imports; newer
+releases check the device themselves and hold no `__wrapped__` reference, so nothing is wrapped).
+FLA cannot run on a CPU machine, so `_triton_only` stands in for it: a kernel that refuses CPU
+tensors as Triton does ("0 active drivers")."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+
+import pytest
+import torch
+
+from grpo_trainer import hf_kernels
+from grpo_trainer.hf_kernels import FUNCTIONS, use_torch_kernels_on_cpu
+
+
+def _triton_only(reference):
+    @functools.wraps(reference)
+    def kernel(*args, **kwargs):
+        if any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in (*args, *kwargs.values())):
+            raise RuntimeError("0 active drivers ([]). There should only be one.")
+        return "kernel"
+
+    return kernel
+
+
+def _reference_rule(query, key, value, g, beta, **kwargs):
+    return query + key + value
+
+
+def test_cpu_inputs_go_to_the_reference_and_packed_ones_are_refused(monkeypatch) -> None:
+    """The mechanism on a module shaped as transformers 5.19's modeling file."""
+    module = types.ModuleType("fake_qwen35_modeling")
+    module.torch_chunk_gated_delta_rule = _triton_only(_reference_rule)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(hf_kernels, "MODULES", (module.__name__, "no.such.module"))
+    x = torch.ones(1, 4, 2, 8)
+    with pytest.raises(RuntimeError, match="0 active drivers"):
+        module.torch_chunk_gated_delta_rule(x, x, x, g=x, beta=x)
+    assert use_torch_kernels_on_cpu() == ["fake_qwen35_modeling.torch_chunk_gated_delta_rule"]
+    assert use_torch_kernels_on_cpu() == []  # once is enough
+    torch.testing.assert_close(module.torch_chunk_gated_delta_rule(x, x, x, g=x, beta=x), 3 * x)
+    assert module.torch_chunk_gated_delta_rule("no tensor") == "kernel"  # other devices keep the kernel
+    with pytest.raises(ValueError, match="cannot keep them apart"):
+        module.torch_chunk_gated_delta_rule(x, x, x, g=x, beta=x, cu_seqlens=torch.tensor([0, 2, 4]))
+
+
+def test_a_qwen35_forward_on_the_cpu_survives_a_gpu_only_kernel(monkeypatch) -> None:
+    modeling = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    if not hasattr(modeling.torch_chunk_gated_delta_rule, "__wrapped__"):
+        pytest.skip("this transformers checks the device itself (>= 5.20): nothing to wrap")
+    from transformers import Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=32,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
+    torch.manual_seed(0)
+    model, ids = modeling.Qwen3_5MoeForCausalLM(config).eval(), torch.tensor([[3, 5, 7, 9, 11, 13]])
+    for name in FUNCTIONS:
+        bound = getattr(modeling, name, None)
+        if bound is not None:
+            monkeypatch.setattr(modeling, name, _triton_only(getattr(bound, "__wrapped__", bound)))
+    with pytest.raises(RuntimeError, match="0 active drivers"), torch.no_grad():
+        model(input_ids=ids)
+    use_torch_kernels_on_cpu()
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids).logits).all()
