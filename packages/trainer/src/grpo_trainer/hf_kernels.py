@@ -49,6 +49,7 @@ def _by_device(chosen: Callable[..., Any], reference: Callable[..., Any]) -> Cal
         return chosen(*args, **kwargs)
 
     setattr(dispatch, _MARK, True)
+    dispatch.__wrapped__ = reference  # type: ignore[attr-defined]  # as transformers' own wrapper
     return dispatch
 
 
