@@ -14,6 +14,7 @@ import torch
 
 import grpo_config
 from grpo_launch import tiny_preset
+from grpo_trainer.protocols import SamplingParams
 from grpo_trainer.trainer import _Run
 from grpo_trainer.worker import MIN_COLLECTIVE_TIMEOUT_S, collective_timeout_s
 
@@ -112,6 +113,7 @@ class _RecordingGroup:
     real Ray cluster): records the limit each call is given. A multi-node group cannot exist here."""
 
     calls: typing.ClassVar[list[tuple[str, str, float]]] = []
+    sent: typing.ClassVar[dict[str, typing.Any]] = {}
     world_size = 0
 
     def __init__(self, _cls, *, world_size: int, ready_timeout_s: float, **_kwargs) -> None:
@@ -124,7 +126,10 @@ class _RecordingGroup:
 
     def call(self, method, *, args_per_rank=None, timeout_s, timeout_setting, on_done=None, **kwargs):
         self.calls.append((method, timeout_setting, timeout_s))
+        self.sent[method] = args_per_rank
         ranks = range(self.world_size)
+        if method == "generate":
+            return [("rank", r) for r in ranks]
         if method == "setup":
             return [{"dp_size": self.world_size, "dp_rank": r} for r in ranks]
         if method == "log_probs":
@@ -146,7 +151,6 @@ def test_each_phase_waits_as_long_as_its_timeout_setting(preset, monkeypatch) ->
 
     from grpo_trainer import policy_workers
     from grpo_trainer.batching import pad_rows
-    from grpo_trainer.protocols import SamplingParams
 
     monkeypatch.setattr(policy_workers, "WorkerGroup", _RecordingGroup)
     monkeypatch.setattr(ray, "put", lambda value: value)
@@ -194,6 +198,35 @@ def test_each_phase_waits_as_long_as_its_timeout_setting(preset, monkeypatch) ->
         assert (setting, limit) == (f"timeouts.{expected[method]}", limits[expected[method]]), method
 
 
-def test_a_rollout_engine_over_several_ranks_is_refused_before_anything_starts(preset) -> None:
-    with pytest.raises(ValueError, match=r"rollout\.tensor_parallel_size=2: rollout replicas spanning 2"):
-        _run(preset, "rollout.engine=vllm", "rollout.tensor_parallel_size=2")
+def test_rollout_replicas_get_their_prompts_on_every_rank_and_answer_from_their_first(preset, monkeypatch) -> None:
+    """rollout.tensor_parallel_size=2 over 4 ranks: 2 replicas (ranks 0-1, 2-3); every rank of a
+    replica is sent that replica's prompts and sampling seed (each runs its shard of the engine),
+    and the replica's generations are read from its first rank."""
+    import ray
+
+    from grpo_trainer import policy_workers
+
+    monkeypatch.setattr(policy_workers, "WorkerGroup", _RecordingGroup)
+    monkeypatch.setattr(ray, "put", lambda value: value)
+    _RecordingGroup.calls = []
+    cfg = grpo_config.load(
+        preset,
+        ["device.devices_per_node=4", "actor.ppo_micro_batch_size_per_device=16", "rollout.engine=vllm", "rollout.tensor_parallel_size=2"],
+    )
+    workers = policy_workers.PolicyWorkers(cfg)
+    assert workers.replicas.count == 2 and list(workers.replicas.ranks_of(1)) == [2, 3]
+    params = [SamplingParams(seed=11), SamplingParams(seed=22)]
+    out = workers.generate([[[1], [2]], [[3]]], params)
+    sent = _RecordingGroup.sent["generate"]
+    assert [args for args, _ in sent] == [([[1], [2]], params[0])] * 2 + [([[3]], params[1])] * 2
+    assert out == [("rank", 0), ("rank", 2)]
+    with pytest.raises(ValueError, match="3 prompt chunks / 3 params for 2 replicas"):
+        workers.generate([[[1]]] * 3, [SamplingParams()] * 3)
+
+
+def test_a_replica_stays_on_one_node(preset) -> None:
+    with pytest.raises(grpo_config.ConfigError, match=r"does not divide device\.devices_per_node=2: a rollout replica"):
+        _run(preset, "device.nnodes=2", "rollout.engine=vllm", "rollout.tensor_parallel_size=4")
+    assert _run(preset, "rollout.engine=vllm", "rollout.tensor_parallel_size=2").replicas.count == 1
+
+

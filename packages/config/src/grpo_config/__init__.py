@@ -7,6 +7,7 @@ and cross-field checks passed; `to_dict` / `to_yaml` go back. See the package RE
 from grpo_config.errors import ConfigError
 from grpo_config.inherit import resolve_ref
 from grpo_config.loader import load
+from grpo_config.replicas import RolloutReplicas
 from grpo_config.schema import (
     ActorConfig,
     AlgorithmConfig,
@@ -38,6 +39,7 @@ __all__ = [
     "ParallelConfig",
     "RefConfig",
     "RewardConfig",
+    "RolloutReplicas",
     "RolloutConfig",
     "TimeoutsConfig",
     "TrainerConfig",

@@ -241,6 +241,7 @@ _ENGINE_SETTINGS: dict[str, str] = {
     "enable_sleep_mode": "rollout.free_cache_engine",
     "seed": "seed",
     "trust_remote_code": "actor.trust_remote_code",
+    "distributed_executor_backend": "rollout.tensor_parallel_size (replicas over the training ranks)",
 }
 
 
@@ -433,6 +434,25 @@ def _recompute_problems(cfg: TrainerConfig) -> list[str]:
     return []
 
 
+def _replica_problems(cfg: TrainerConfig) -> list[str]:
+    """A rollout replica spans `rollout.tensor_parallel_size` consecutive ranks of one node."""
+    k = cfg.rollout.tensor_parallel_size
+    per_node = cfg.device.devices_per_node
+    world = cfg.device.nnodes * per_node
+    if world % k:
+        return [
+            f"rollout.tensor_parallel_size={k} does not divide the world size {world} "
+            f"(device.nnodes * device.devices_per_node): choose a divisor of {world}."
+        ]
+    if per_node % k:
+        return [
+            f"rollout.tensor_parallel_size={k} does not divide device.devices_per_node={per_node}: a "
+            f"rollout replica spans {k} consecutive ranks of one node (its tensor-parallel traffic stays "
+            f"on the node's links); choose a divisor of {per_node}."
+        ]
+    return []
+
+
 def validate(cfg: TrainerConfig, *, num_experts: int | None = None) -> None:
     """Raise ConfigError listing every cross-field problem of `cfg` (a config resolved by `load`).
 
@@ -446,11 +466,7 @@ def validate(cfg: TrainerConfig, *, num_experts: int | None = None) -> None:
         # ref.parallel may only repeat parallel (value_problems refuses a different layout).
         problems += _parallel_problems(cfg.parallel, prefix="parallel", world=world, num_experts=num_experts)
         problems += _batch_problems(cfg, world=world)
-        if world % cfg.rollout.tensor_parallel_size:
-            problems.append(
-                f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} does not divide the "
-                f"world size {world} (device.nnodes * device.devices_per_node): choose a divisor of {world}."
-            )
+        problems += _replica_problems(cfg)
     problems += value_problems(cfg)
     problems += _recompute_problems(cfg)
     if problems:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from grpo_config.replicas import RolloutReplicas
 from grpo_config.schema import TrainerConfig
 from grpo_trainer.batching import scatter_rows, take_rows
 from grpo_trainer.devices import resolve_device_kind
@@ -38,6 +39,7 @@ class PolicyWorkers:
 
         self.cfg = cfg
         self.world_size = cfg.device.nnodes * cfg.device.devices_per_node
+        self.replicas = RolloutReplicas.for_config(cfg)
         resource = ray_resource_name(resolve_device_kind(cfg))
         cpus = max(1, (os.cpu_count() or 1) // self.world_size) if resource is None else 1
         self._group = WorkerGroup(
@@ -103,13 +105,15 @@ class PolicyWorkers:
         *,
         on_done: Callable[[int], None] | None = None,
     ) -> list[list[Generation]]:
-        """Rank r samples `params[r]` for `prompts[r]`; generations per rank, grouped by prompt."""
-        return self._call(
-            "generate",
-            "generate_s",
-            args_per_rank=[((list(p), sp), {}) for p, sp in zip(prompts, params, strict=True)],
-            on_done=on_done,
-        )
+        """Replica r samples `params[r]` for `prompts[r]` (every rank of the replica gets the same
+        request: each runs its shard of the engine); generations per replica, grouped by prompt,
+        read from the replica's first rank."""
+        replicas = self.replicas
+        if len(prompts) != replicas.count or len(params) != replicas.count:
+            raise ValueError(f"{len(prompts)} prompt chunks / {len(params)} params for {replicas.count} replicas")
+        per_rank = [(list(prompts[replicas.replica_of(rank)]), params[replicas.replica_of(rank)]) for rank in range(self.world_size)]
+        results = self._call("generate", "generate_s", args_per_rank=[(args, {}) for args in per_rank], on_done=on_done)
+        return [results[replicas.leader(r)] for r in range(replicas.count)]
 
     def sync_weights(self) -> None:
         self._call("sync_weights", "weight_sync_s")

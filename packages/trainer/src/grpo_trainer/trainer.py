@@ -22,6 +22,7 @@ import structlog
 import torch
 from tqdm.auto import tqdm
 
+from grpo_config.replicas import RolloutReplicas
 from grpo_config.schema import TrainerConfig
 from grpo_device import DeviceKind
 from grpo_trainer import grpo_math
@@ -80,27 +81,15 @@ def _batches(sampler: ResumableSampler) -> Iterator[list[int]]:
         yield from sampler
 
 
-def _refuse_rollout_replicas(cfg: TrainerConfig) -> None:
-    """A vLLM engine over several training ranks is not built yet: refused before anything starts,
-    instead of every one-device worker starting its own k-way engine and failing."""
-    k = cfg.rollout.tensor_parallel_size
-    if cfg.rollout.engine == "vllm" and k > 1:
-        raise ValueError(
-            f"rollout.tensor_parallel_size={k}: rollout replicas spanning {k} training ranks are not "
-            f"built yet (each one-device worker would start its own {k}-way vLLM engine and fail). "
-            "Use rollout.tensor_parallel_size=1, one engine per rank, until they are."
-        )
-
-
 class _Run:
     """State of one `train` call; its methods are the loop's phases."""
 
     def __init__(self, cfg: TrainerConfig) -> None:
         from transformers import AutoTokenizer
 
-        _refuse_rollout_replicas(cfg)
         self.cfg = cfg
         self.world_size = cfg.device.nnodes * cfg.device.devices_per_node
+        self.replicas = RolloutReplicas.for_config(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(
             cfg.actor.model_path, trust_remote_code=cfg.actor.trust_remote_code
         )
@@ -140,9 +129,9 @@ class _Run:
         cfg, workers, timer = self.cfg, self._workers(), PhaseTimer()
         started = time.perf_counter()
 
-        chunks = split_ranks(prompts, self.world_size)
+        chunks = split_ranks(prompts, self.replicas.count)
         params = self.sampling_params(validation=False)
-        seeds = [step_seed(cfg.seed, self.step, rank) for rank in range(self.world_size)]
+        seeds = [step_seed(cfg.seed, self.step, replica) for replica in range(self.replicas.count)]
         with timer("generate"):
             outputs = self.generate(chunks, seeded_per_rank(params, seeds))
         rollout = gather_rollout(chunks, outputs, n=params.n)
@@ -191,7 +180,7 @@ class _Run:
     def generate(
         self, chunks: list[list[PromptItem]], params: list[SamplingParams]
     ) -> list[list[Generation]]:
-        """Wake the rollout engines, sample every rank's chunk, put the engines back to sleep."""
+        """Wake the rollout engines, sample every replica's chunk, put the engines back to sleep."""
         workers = self._workers()
         workers.rollout_wake()
         with tqdm(total=self.world_size, desc="rollout", unit="rank", leave=False, disable=None) as bar:
@@ -226,8 +215,8 @@ class _Run:
             return {}
         items = [self.val_data[i] for i in range(len(self.val_data))]
         params = self.sampling_params(validation=True)
-        chunks = split_ranks(items, self.world_size)
-        seeds = [self.cfg.seed + rank for rank in range(self.world_size)]
+        chunks = split_ranks(items, self.replicas.count)
+        seeds = [self.cfg.seed + replica for replica in range(self.replicas.count)]
         rollout = gather_rollout(chunks, self.generate(chunks, seeded_per_rank(params, seeds)), n=params.n)
         texts = self.decode([g.token_ids for g in rollout.generations])
         scores = self.rewards.score(reward_items(rollout.items, texts)).scores

@@ -102,7 +102,9 @@ class PolicyWorker:
             self.cfg.actor.model_path, trust_remote_code=self.cfg.actor.trust_remote_code
         )
         shared = getattr(backend, "module", None)  # the hf engine generates with the policy's own module
-        self.engine = make_rollout_engine(self.cfg, device=device, tokenizer=self.tokenizer, policy_module=shared)
+        self.engine = make_rollout_engine(
+            self.cfg, device=device, tokenizer=self.tokenizer, policy_module=shared, in_training_ranks=True
+        )
         log.info(
             "worker.ready",
             rank=self.rank,

@@ -18,6 +18,7 @@ def world_summary(plan: LaunchPlan) -> dict[str, Any]:
     par = cfg.parallel
     world = plan.world_size
     model_parallel = par.tp * par.pp * par.cp
+    replicas = grpo_config.RolloutReplicas.for_config(cfg)
     return {
         "nnodes": cfg.device.nnodes,
         "devices_per_node": cfg.device.devices_per_node,
@@ -26,17 +27,9 @@ def world_summary(plan: LaunchPlan) -> dict[str, Any]:
         "data_parallel": world // model_parallel,
         "expert_data_parallel": world // (par.pp * par.ep * par.etp),
         "rollout": {
-            "tensor_parallel_size": cfg.rollout.tensor_parallel_size,
-            "replicas": world // cfg.rollout.tensor_parallel_size,
-            "ranks_of_each_replica": [
-                f"{first}-{first + cfg.rollout.tensor_parallel_size - 1}"
-                for first in range(0, world, cfg.rollout.tensor_parallel_size)
-            ],
-            **(
-                {"status": "train() refuses a replica over several ranks: not built yet"}
-                if cfg.rollout.engine == "vllm" and cfg.rollout.tensor_parallel_size > 1
-                else {}
-            ),
+            "tensor_parallel_size": replicas.tensor_parallel_size,
+            "replicas": replicas.count,
+            "ranks_of_each_replica": replicas.describe(),
         },
     }
 

@@ -18,11 +18,18 @@ __all__ = ["ENGINES", "HFRolloutEngine", "make_rollout_engine"]
 
 
 def make_rollout_engine(
-    cfg: TrainerConfig, *, device: torch.device, tokenizer: Any, policy_module: torch.nn.Module | None = None
+    cfg: TrainerConfig,
+    *,
+    device: torch.device,
+    tokenizer: Any,
+    policy_module: torch.nn.Module | None = None,
+    in_training_ranks: bool = False,
 ) -> RolloutEngine:
     """The `rollout.engine` named in `cfg`. For `hf`, `policy_module` (the trainer's own HF model)
     is shared when given, so weight sync costs nothing; otherwise a copy is loaded from
-    `actor.model_path` and kept in sync through `update_weights`."""
+    `actor.model_path` and kept in sync through `update_weights`. For `vllm` with
+    `in_training_ranks`, the engine is this rank's shard of its replica (`grpo_config.replicas`),
+    run inside this process: every rank of the replica must build it at the same time."""
     name = cfg.rollout.engine
     if name == "hf":
         from grpo_trainer.backends.hf_model import DTYPES, load_causal_lm
@@ -44,5 +51,9 @@ def make_rollout_engine(
     if name == "vllm":
         from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
 
+        if in_training_ranks:
+            return VLLMRolloutEngine.from_config(
+                cfg, cfg.actor.model_path, distributed_executor_backend="external_launcher"
+            )
         return VLLMRolloutEngine.from_config(cfg, cfg.actor.model_path)
     raise ValueError(f"rollout.engine={name!r} is unknown; use one of {list(ENGINES)}")

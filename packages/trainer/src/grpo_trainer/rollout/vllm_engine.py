@@ -74,6 +74,7 @@ class VLLMRolloutEngine:
         kv_cache_memory_bytes: int | None = None,
         weight_sync_transport: Literal["auto", "shm", "rpc"] = "auto",
         seed: int = 0,
+        distributed_executor_backend: str | None = None,
         llm_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if weight_sync_bucket_mb < 1:
@@ -108,6 +109,10 @@ class VLLMRolloutEngine:
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        if distributed_executor_backend is not None:
+            # "external_launcher": this process runs its tensor-parallel shard in-process, beside
+            # the other ranks of its replica (RANK / WORLD_SIZE / MASTER_* / LOCAL_RANK set).
+            kwargs["distributed_executor_backend"] = distributed_executor_backend
         kwargs.update(llm_kwargs or {})
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
