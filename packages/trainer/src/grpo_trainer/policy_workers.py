@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
 import torch
 
 from grpo_config.replicas import RolloutReplicas
@@ -24,6 +25,11 @@ from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.worker import PolicyWorker
 from grpo_trainer.worker_group import WorkerGroup
+
+
+log = structlog.get_logger()
+
+SHUTDOWN_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,4 +168,11 @@ class PolicyWorkers:
         return next(r for r in reports if r is not None)
 
     def close(self) -> None:
+        """Ask every rank to shut down (engines release shared and device memory), then kill the
+        actors; a rank that cannot answer is killed anyway."""
+        if self._group.actors:
+            try:
+                self._group.call("shutdown", timeout_s=SHUTDOWN_TIMEOUT_S, timeout_setting=None)
+            except Exception as exc:  # a failed rank: the group is already stopped
+                log.warning("policy_workers.shutdown_failed", error=str(exc).splitlines()[0])
         self._group.kill()

