@@ -10,7 +10,7 @@
    the same weights in through the disk: `save_pretrained` + vLLM's in-place `reload_weights`
    from that directory, and a whole new engine built from disk.
 
-Run: `hatch run vllm:bench` (CPU, tiny random Qwen3) or with `--layers/--hidden` for a larger model.
+Run: `hatch run bench-vllm` (CPU, tiny random Qwen3) or with `--layers/--hidden` for a larger model.
 """
 
 from __future__ import annotations

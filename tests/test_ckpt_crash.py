@@ -41,7 +41,7 @@ def _state(step: int) -> dict:
 
 
 def _train_and_save_forever(root: str, start_step: int) -> None:
-    torch.set_num_threads(1)  # forked child: keep OpenMP out of it
+    torch.set_num_threads(1)  # one thread per child: the parent runs tests beside it
     manager = CheckpointManager(root, max_to_keep=2)
     step = start_step
     while True:
@@ -62,14 +62,16 @@ def _assert_matches_saved(loaded: object) -> None:
 
 
 @pytest.mark.timeout(120)
-# The parent has idle native helper threads (torch's); the child only runs single-threaded torch code.
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_sigkill_during_save_always_leaves_a_complete_checkpoint(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     manager = CheckpointManager(root, max_to_keep=2)
     manager.save(0, **_state(0))
     chooser = random.Random(20261202)
-    ctx = mp.get_context("fork")  # torch is imported already; a spawned child would re-import it
+    # Children fork from a fresh server process with torch and grpo_ckpt loaded: this process
+    # may hold OpenMP threads, and, once an in-process vLLM CPU engine ran in it (vLLM replaces
+    # torch.set_num_threads there), a plain fork's child could not leave them behind.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "grpo_ckpt", _train_and_save_forever.__module__])
     steps, interrupted = [], 0
     started = time.monotonic()
     for _ in range(KILLS):

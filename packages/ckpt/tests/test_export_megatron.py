@@ -1,6 +1,6 @@
 """HF -> Megatron -> HF through the real Megatron-Bridge 0.6.2 / megatron-core 0.19.2 on CPU.
 
-Run with `hatch run megatron:test`; skipped where megatron-bridge is not installed. Tiny random
+Run with `hatch run test`; skipped where megatron-bridge is not installed. Tiny random
 bf16 models; the Megatron side uses the local (non transformer_engine) layer spec, since TE is not
 installed. For Qwen3-MoE, `torch.cuda.current_device` is redirected to the CPU device while the
 model is built and exported (a test-only patch: megatron-core's MoE layers ask for the CUDA device
@@ -27,7 +27,7 @@ from grpo_ckpt.export import EXPORT_MANIFEST, written_keys
 pytestmark = [pytest.mark.megatron, pytest.mark.timeout(900)]
 
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.bridge") is None:
-    pytest.skip("megatron-bridge is not installed (run `hatch run megatron:test`)", allow_module_level=True)
+    pytest.skip("megatron-bridge is not installed (`hatch run test` installs it)", allow_module_level=True)
 
 
 @contextmanager

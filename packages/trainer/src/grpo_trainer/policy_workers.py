@@ -26,7 +26,6 @@ from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.worker import PolicyWorker
 from grpo_trainer.worker_group import WorkerGroup
 
-
 log = structlog.get_logger()
 
 SHUTDOWN_TIMEOUT_S = 60.0

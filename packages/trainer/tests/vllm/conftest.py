@@ -45,7 +45,7 @@ def vllm_cfg():
 
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_qwen3, vllm_cfg):
-    pytest.importorskip("vllm", reason="vllm is not installed: run these with `hatch run vllm:test`")
+    pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
     from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
 
     model_dir, _, _ = tiny_qwen3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vllm is not installed: run these with `hatch run vllm:test`")
+pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
 
 from grpo_trainer.protocols import RolloutEngine, SamplingParams
 from grpo_trainer.rollout.vllm_verify import reference_logprob_fn

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm is not installed: run these with `hatch run vllm:test`")
+pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

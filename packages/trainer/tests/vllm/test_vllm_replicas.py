@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vllm is not installed: run these with `hatch run one:test`")
+pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -69,6 +69,7 @@ def test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update
     """PolicyWorkers (the driver's facade `train()` uses) over 2 ranks: the replicas' greedy tokens
     equal an HF model's on the same weights, first the initial ones, then, after one policy update,
     a weight sync and a sleep/wake, those of the HF export of the updated policy."""
+    import ray
     from transformers import AutoTokenizer
 
     from grpo_trainer.batching import dp_row_split, pad_rows
@@ -76,8 +77,6 @@ def test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update
     from grpo_trainer.protocols import SamplingParams
     from grpo_trainer.rollout_step import split_ranks
     from grpo_trainer.worker_group import ensure_ray
-
-    import ray
 
     cfg = _config(
         tmp_path, f"rollout.tensor_parallel_size={tensor_parallel}", "actor.lr=0.005", "actor.use_kl_loss=false"

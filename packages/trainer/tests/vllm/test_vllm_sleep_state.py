@@ -37,6 +37,8 @@ def _engine(*, sleep_mode: bool = True) -> VLLMRolloutEngine:
     engine.sleep_mode = engine.sleep_supported = sleep_mode
     engine.sleep_level = 1
     engine.asleep_tags = set()
+    engine.sleep_warned = set()
+    engine.vision_language = False
     engine.bucket_bytes = 2**20
     engine.shm_dir = None  # buckets inside the RPC message
     engine.platform = "cuda" if sleep_mode else "cpu"

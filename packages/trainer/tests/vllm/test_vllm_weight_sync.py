@@ -9,7 +9,7 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-pytest.importorskip("vllm", reason="vllm is not installed: run these with `hatch run vllm:test`")
+pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
 
 from grpo_trainer.protocols import SamplingParams
 
@@ -124,6 +124,7 @@ def test_empty_sync_is_a_user_error(vllm_engine):
 
 def test_sleep_on_cpu_logs_that_it_is_unsupported_and_keeps_serving(vllm_engine, prompts):
     assert not vllm_engine.sleep_supported
+    vllm_engine.sleep_warned.clear()  # the session's engine: an earlier test may have slept it
     with capture_logs() as logs:
         vllm_engine.sleep()
         vllm_engine.wake_up()

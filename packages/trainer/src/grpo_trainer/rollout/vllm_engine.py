@@ -26,6 +26,7 @@ import torch
 
 from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import Generation, SamplingParams
+from grpo_trainer.rollout.hf_weight_names import into_language_model_layout
 from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
 from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, iter_buckets, pack_bucket, write_bucket_file
 
@@ -94,6 +95,7 @@ class VLLMRolloutEngine:
         self.sleep_mode = enable_sleep_mode and self.sleep_supported
         self.platform = str(current_platform.device_type or "unknown")
         self.asleep_tags: set[str] = set()  # what vLLM sleep mode has released
+        self.sleep_warned: set[str] = set()  # operations already logged as unavailable
         kwargs: dict[str, Any] = {
             "model": model_path,
             "dtype": dtype,
@@ -126,6 +128,9 @@ class VLLMRolloutEngine:
                 f"left its shared memory in {SHM_DIR} (files named '*-cpushm_<n>'); remove them, after "
                 "checking no other vLLM CPU job on this host is running."
             ) from error
+        # A vision-language checkpoint (Qwen3.5's real layout) keeps the language model under
+        # `model.language_model.`; a policy built from a text-only view names it `model.`.
+        self.vision_language = hasattr(self.llm.llm_engine.vllm_config.model_config.hf_config, "vision_config")
         log.info(
             "vllm_engine.ready",
             model_path=model_path,
@@ -226,7 +231,9 @@ class VLLMRolloutEngine:
         Send every tensor of each layer touched (the policy's full `named_weights()`): vLLM fuses
         some (q/k/v, gate/up), and a fused layer that gets only part of its tensors is rebuilt with
         the rest uninitialised. On a sleeping engine the weights are woken first (a sync into
-        offloaded weights would be overwritten on wake-up); the KV cache stays asleep."""
+        offloaded weights would be overwritten on wake-up); the KV cache stays asleep. Into a
+        vision-language checkpoint's engine, text-only names (`model.layers...`, as a policy built
+        from the language model alone exports them) go under `model.language_model.`."""
         if "weights" in self.asleep_tags:
             self.wake_up(["weights"])
         started = time.perf_counter()
@@ -235,6 +242,8 @@ class VLLMRolloutEngine:
         opened = finished = False
         count = buckets = nbytes = 0
         missing: list[str] = []
+        if self.vision_language:
+            named_tensors = ((into_language_model_layout(name), t) for name, t in named_tensors)
         try:
             for bucket in iter_buckets(named_tensors, bucket_bytes=self.bucket_bytes):
                 previous, pending = pending, self._prepare_bucket(bucket)
@@ -449,13 +458,11 @@ def _model_from_tensors(model_path: str, tensors: Mapping[str, torch.Tensor]) ->
     return model.eval()
 
 
-_warned: set[str] = set()
-
-
 def _log_sleep_unsupported(engine: VLLMRolloutEngine, op: str) -> None:
-    if op in _warned:
+    """Once per engine and operation."""
+    if op in engine.sleep_warned:
         return
-    _warned.add(op)
+    engine.sleep_warned.add(op)
     reason = "disabled (rollout.free_cache_engine=false)" if engine.sleep_supported else "not supported"
     log.warning(
         "vllm_engine.sleep_mode_unavailable",

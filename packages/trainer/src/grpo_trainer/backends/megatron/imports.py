@@ -65,9 +65,10 @@ def _megatron_modules_loaded() -> list[str]:
 
 def _unavailable_message() -> str:
     return (
-        "actor.backend=megatron needs megatron-core and Megatron-Bridge; run inside the `megatron` "
-        "hatch env (`hatch run megatron:...`) or `pip install --no-deps megatron-bridge==0.6.2 "
-        "megatron-core==0.19.2` plus their import-time deps (see packages/ckpt/README.md)"
+        "actor.backend=megatron needs megatron-core and Megatron-Bridge; the project's hatch env "
+        "installs them (`hatch run install-pinned`), elsewhere `pip install --no-deps "
+        "megatron-bridge==0.6.2 megatron-core==0.19.2` plus their import-time deps (see "
+        "packages/ckpt/README.md and docs/INSTALL.md)"
     )
 
 
