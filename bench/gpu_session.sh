@@ -4,6 +4,8 @@
 #   tests[=EXPR]     the Megatron GPU tests (pytest -k EXPR when given)
 #   train[=ARGS]     bench/megatron_gpu_train.py (train() megatron vs torch; ARGS comma-separated)
 #   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable)
+#   prod[=ARGS]      bench/gpu_production_path.py (Megatron actor + vLLM rollout in train(); vLLM
+#                    unpacked into /tmp/site first by ../shared/vllm_h200's three calls, ray from .rayw/)
 #   e.g. bash bench/gpu_session.sh alloc tests train=--steps,50,--split,40 mfu=qwen3moe+gmm,8,32,8,768,2048,16,2048,4
 # Wheels the machine lacks travel in .whl/ (megatron-core, megatron-bridge, ray, ...: see the docs).
 set -uo pipefail
@@ -37,6 +39,12 @@ for part in "$@"; do
       timeout 300 python3 bench/megatron_gpu_train.py --out "$OUT" --hide-from-torch /tmp/site_fla ${args//,/ } 2>&1 \
         | grep -v "Loading weights\|Writing model\|ckpt.component_saved" > "$OUT/train.log" || status=1
       tail -n 3 "$OUT/train.log" ;;
+    prod|prod=*)
+      args=${part#prod}; args=${args#=}
+      [ -f /tmp/site/vllm/__init__.py ] || { echo "COLD MACHINE: vLLM is not in /tmp/site"; exit 2; }
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 560 python3 bench/gpu_production_path.py --out "$OUT" ${args//,/ } 2>&1 \
+        | grep -v "Loading weights\|Writing model" > "$OUT/production_path.log" || status=1
+      grep '^{"run"' "$OUT/production_path.log"; tail -n 5 "$OUT/production_path.log" ;;
     mfu=*) specs+=(--mfu "${part#mfu=}") ;;
     *) echo "unknown part: $part"; exit 2 ;;
   esac

@@ -54,8 +54,10 @@ def _tiny_qwen35_moe(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def qwen35(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, list]:
+def _megatron_on_cpu(model_path: Path, pg_file: Path) -> tuple[object, list]:
+    """(bridge, Megatron model) of `model_path`, opened as the Megatron backend opens it
+    (`build.open_bridge`: a vision-language checkpoint through its language-model view) and built
+    with its settings and local block spec, on the CPU."""
     import torch.distributed as dist
 
     import_megatron_bridge()
@@ -63,15 +65,13 @@ def qwen35(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, list
     from megatron.core import parallel_state
 
     from grpo_config.schema import TrainerConfig
-    from grpo_trainer.backends.megatron.build import configure_provider
+    from grpo_trainer.backends.megatron.build import configure_provider, open_bridge
 
-    root = tmp_path_factory.mktemp("qwen35")
-    hf_dir = _tiny_qwen35_moe(root / "hf")
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"file://{root / 'pg'}", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"file://{pg_file}", rank=0, world_size=1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
-        bridge = AutoBridge.from_hf_pretrained(str(hf_dir), torch_dtype=torch.bfloat16)
+        bridge = open_bridge(AutoBridge, str(model_path), torch_dtype=torch.bfloat16)
         provider = bridge.to_megatron_provider(load_weights=True)
         cfg = TrainerConfig()
         local = dataclasses.replace(
@@ -88,6 +88,14 @@ def qwen35(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, list
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel()
         model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+    return bridge, model
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object, list]:
+    root = tmp_path_factory.mktemp("qwen35")
+    hf_dir = _tiny_qwen35_moe(root / "hf")
+    bridge, model = _megatron_on_cpu(hf_dir, root / "pg")
     return hf_dir, bridge, model
 
 
@@ -129,17 +137,28 @@ def test_qwen35_moe_strict_names_a_dropped_gated_deltanet_tensor(
     assert report.model_keys_not_written == [dropped]
 
 
-def _tiny_qwen35_moe_vl(text_dir: Path, path: Path) -> Path:
-    """The same language model in Qwen3.5's real checkpoint layout (`Qwen3_5MoeForConditionalGeneration`:
-    `model.language_model.*`, a small vision tower), with other random weights: what vLLM serves."""
-    from transformers import AutoConfig, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+def _tiny_qwen35_moe_vl(text_dir: Path, path: Path, *, same_weights: bool = False) -> Path:
+    """Qwen3.5's real checkpoint layout (`model.language_model.*` + a small vision tower) of the
+    same language model, with its weights or with other random ones."""
+    from grpo_launch.presets.tiny_model import save_vision_language_layout
 
-    text = AutoConfig.from_pretrained(text_dir).to_dict()
-    vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 128}
-    config = Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
-    torch.manual_seed(1)
-    Qwen3_5MoeForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(path)
-    return path
+    return save_vision_language_layout(text_dir, path, language_weights=same_weights)
+
+
+def test_a_vision_language_checkpoint_s_language_model_builds_through_the_text_only_view(
+    qwen35: tuple[Path, object, list], tmp_path: Path
+) -> None:
+    """Qwen3.5's real layout (`model.language_model.*` + `model.visual.*`): the Megatron backend's
+    `open_bridge` reads its language model in place through a text-only bridge; the built model
+    exports the language model's tensors exactly, under text-only names, and no vision tensor."""
+    hf_dir, _, _ = qwen35
+    vl_dir = _tiny_qwen35_moe_vl(hf_dir, tmp_path / "vl", same_weights=True)
+    bridge, model = _megatron_on_cpu(vl_dir, tmp_path / "pg")
+    exported = dict(bridge.export_hf_weights(model, cpu=True, show_progress=False))
+    source = load_file(hf_dir / "model.safetensors")
+    assert set(exported) == set(source)
+    for name, tensor in source.items():
+        assert torch.equal(exported[name], tensor), name
 
 
 @pytest.mark.vllm

@@ -203,7 +203,8 @@ READ: dict[str, tuple[str, ...]] = {
     "rollout.max_tokens": (SAMPLING, LOSS),
     "rollout.tensor_parallel_size": (
         VLLM_KWARGS,
-        f"{SETTINGS}::test_a_rollout_engine_over_several_ranks_is_refused_before_anything_starts",
+        f"{SETTINGS}::test_rollout_replicas_get_their_prompts_on_every_rank_and_answer_from_their_first",
+        f"{TRAINER}/vllm/test_vllm_replicas.py::test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update",
     ),
     "rollout.gpu_memory_utilization": (VLLM_KWARGS,),
     "rollout.enforce_eager": (VLLM_SETTINGS,),

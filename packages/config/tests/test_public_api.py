@@ -17,6 +17,7 @@ def test_public_api_is_frozen() -> None:
         "RefConfig",
         "RewardConfig",
         "RolloutConfig",
+        "RolloutReplicas",
         "TimeoutsConfig",
         "TrainerConfig",
         "__version__",

@@ -123,6 +123,11 @@ def test_rollout_tp_must_divide_world() -> None:
     assert "rollout.tensor_parallel_size=4 does not divide the world size 6" in msg
 
 
+def test_a_rollout_replica_stays_on_one_node() -> None:
+    msg = _problems(["device.nnodes=2", "device.devices_per_node=4", "rollout.tensor_parallel_size=8"])
+    assert "rollout.tensor_parallel_size=8 does not divide device.devices_per_node=4: a rollout replica spans" in msg
+
+
 def test_vpp_needs_pipeline_parallel() -> None:
     assert "set parallel.pp > 1 or parallel.vpp=null" in _problems(["actor.backend=megatron", "parallel.vpp=2"])
     assert load(None, ["actor.backend=megatron", "device.devices_per_node=2", "parallel.pp=2", "parallel.vpp=2"]).parallel.vpp == 2

@@ -238,7 +238,8 @@ def test_without_mindspeed_the_error_says_what_to_install(
     for needed in (
         "needs MindSpeed",
         "matches your Megatron-LM / megatron-core version",
-        "pip install mindspeed",
+        "pip install --no-deps -e MindSpeed",
+        "PyPI's `mindspeed` is an unrelated placeholder",
         "https://gitee.com/ascend/MindSpeed",
         "MindSpeed 0.16 with Megatron-LM 0.16",
     ):

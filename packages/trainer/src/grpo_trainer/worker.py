@@ -102,9 +102,13 @@ class PolicyWorker:
             self.cfg.actor.model_path, trust_remote_code=self.cfg.actor.trust_remote_code
         )
         shared = getattr(backend, "module", None)  # the hf engine generates with the policy's own module
+        # The engine allocates as it will run (policy offloaded, expandable segments off: vLLM's
+        # sleep-mode allocator refuses them), then sleeps until the first rollout.
+        self.memory.before_rollout()
         self.engine = make_rollout_engine(
             self.cfg, device=device, tokenizer=self.tokenizer, policy_module=shared, in_training_ranks=True
         )
+        self.rollout_sleep()
         log.info(
             "worker.ready",
             rank=self.rank,

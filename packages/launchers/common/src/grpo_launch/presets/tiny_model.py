@@ -112,3 +112,43 @@ def ensure_tiny_model(model_dir: Path, *, texts: list[str], vocab_size: int = 48
         parameters=sum(p.numel() for p in model.parameters()),
     )
     return model_dir
+
+
+def save_vision_language_layout(text_dir: Path, out_dir: Path, *, language_weights: bool = True, seed: int = 1) -> Path:
+    """The text checkpoint at `text_dir` in Qwen3.5's real checkpoint layout
+    (`Qwen3_5MoeForConditionalGeneration`: the language model under `model.language_model.*`, a
+    one-layer random vision tower under `model.visual.*`), with its tokenizer: what vLLM (0.26 on
+    GPU) serves, where a text-only Qwen3.5 folder does not load. With `language_weights` the
+    language model's tensors are the text checkpoint's, else random (seeded)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    text = AutoConfig.from_pretrained(text_dir)
+    vision = {
+        "depth": 1,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 2,
+        "out_hidden_size": text.hidden_size,
+    }
+    config = Qwen3_5MoeConfig(text_config=text.to_dict(), vision_config=vision, tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3_5MoeForConditionalGeneration(config).to(text.dtype or torch.float32)
+    model.save_pretrained(out_dir)
+    if language_weights:
+        weights = out_dir / "model.safetensors"
+        tensors = load_file(weights)
+        for name, tensor in load_file(Path(text_dir) / "model.safetensors").items():
+            vl_name = "model.language_model." + name.removeprefix("model.") if name.startswith("model.") else name
+            if vl_name not in tensors:
+                raise ValueError(f"{vl_name} (from {name}) is not in the vision-language layout")
+            tensors[vl_name] = tensor
+        save_file(tensors, weights, metadata={"format": "pt"})
+    for path in Path(text_dir).iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
+            shutil.copy(path, out_dir / path.name)
+    return out_dir

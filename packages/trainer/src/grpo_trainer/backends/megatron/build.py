@@ -29,6 +29,10 @@ from grpo_trainer.backends.megatron.imports import (
     import_megatron_stack,
     transformer_engine_available,
 )
+from grpo_trainer.backends.megatron.language_model_view import (
+    open_language_model_bridge,
+    vision_language_config,
+)
 from grpo_trainer.backends.megatron.provider_config import (
     ModelShape,
     ParallelLayout,
@@ -129,6 +133,15 @@ def configure_provider(
         log.info("megatron.override_transformer_config", **{k: repr(v) for k, v in overrides.items()})
 
 
+def open_bridge(auto_bridge: Any, model_path: str, **kwargs: Any) -> Any:
+    """The bridge over `model_path`; for a vision-language checkpoint (Qwen3.5's real layout) a
+    text-only bridge over its language model (`language_model_view`)."""
+    config = vision_language_config(model_path)
+    if config is not None:
+        return open_language_model_bridge(auto_bridge, model_path, config=config, **kwargs)
+    return auto_bridge.from_hf_pretrained(model_path, **kwargs)
+
+
 def build_policy(
     cfg: TrainerConfig,
     *,
@@ -146,8 +159,11 @@ def build_policy(
     megatron = megatron or cfg.actor.megatron
     auto_bridge = import_auto_bridge()
     init_distributed(device)
-    bridge = auto_bridge.from_hf_pretrained(
-        model_path, torch_dtype=_DTYPES[cfg.actor.dtype], trust_remote_code=cfg.actor.trust_remote_code
+    bridge = open_bridge(
+        auto_bridge,
+        model_path,
+        torch_dtype=_DTYPES[cfg.actor.dtype],
+        trust_remote_code=cfg.actor.trust_remote_code,
     )
     provider = bridge.to_megatron_provider(load_weights=True)
     seq_length = cfg.data.max_prompt_length + cfg.data.max_response_length

@@ -27,9 +27,9 @@ log = structlog.get_logger()
 MINDSPEED_ADAPTOR = "mindspeed.megatron_adaptor"
 MINDSPEED_INSTALL = (
     "install MindSpeed (Ascend's adaptor for Megatron-LM / megatron-core) in the release that matches "
-    "your Megatron-LM / megatron-core version: `pip install mindspeed`, or from source "
-    "(https://gitee.com/ascend/MindSpeed: clone it, check out the branch for your Megatron version, "
-    "`pip install -e MindSpeed`). The seed NPU recipes use MindSpeed 0.16 with Megatron-LM 0.16 "
+    "your Megatron-LM / megatron-core version, from source (https://gitee.com/ascend/MindSpeed: "
+    "clone it, check out the branch for your Megatron version, `pip install --no-deps -e MindSpeed`; "
+    "PyPI's `mindspeed` is an unrelated placeholder; docs/INSTALL.md lists the pairs). The seed NPU recipes use MindSpeed 0.16 with Megatron-LM 0.16 "
     "(Megatron-Bridge de93536e), as verl's NPU recipe. Or set actor.backend=torch"
 )
 

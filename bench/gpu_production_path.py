@@ -1,0 +1,140 @@
+"""The production path on one GPU: `train()` with the Megatron actor and the vLLM rollout engine
+colocated in one Ray worker (vLLM in-process through `external_launcher`), weight sync after every
+update, sleep/wake around every rollout, expandable segments toggled, run with and without the
+actor offloaded while the engine is awake.
+
+    PYTHONPATH=/tmp/site:packages/launchers/common/src:packages/trainer/src:packages/config/src:packages/device/src:packages/ckpt/src \
+        VLLM_USE_FLASHINFER_SAMPLER=0 python bench/gpu_production_path.py --out $OUT [--steps 30]
+
+Model: the tiny preset's random-weight Qwen3.5-MoE in Qwen3.5's real checkpoint layout
+(`Qwen3_5MoeForConditionalGeneration`, what vLLM 0.26 loads; the Megatron backend trains its
+language model through the text-only view) and the preset's task. Printed per run: reward of the
+first and last 10 steps, per-phase seconds (median of steps 2..), weight-sync seconds, rollout
+tokens/s, and the GPU's peak memory in use (nvidia-smi, every 0.2 s). Results in
+OUT/gpu_production_path.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from megatron_gpu_train import MEGATRON
+
+PHASES = ("generate", "reward", "old_log_probs", "ref_log_probs", "update", "weight_sync", "step")
+
+
+class GpuMemoryPeak:
+    """Peak `memory.used` (MiB) of GPU 0 while the block runs."""
+
+    def __enter__(self) -> GpuMemoryPeak:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            if out.isdigit():
+                self.peak = max(self.peak, int(out))
+            self._stop.wait(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any]:
+    import grpo_config
+    from grpo_launch import tiny_preset
+    from grpo_launch.presets.tiny_model import save_vision_language_layout
+    from grpo_trainer import read_metrics, train
+
+    preset = tiny_preset(workdir)
+    model_dir = save_vision_language_layout(Path(preset["actor"]["model_path"]), workdir / "model_vl")
+    flags = "true" if offload else "false"
+    overrides = [
+        *MEGATRON,
+        f"actor.model_path={model_dir}",
+        "device.kind=cuda",
+        "device.devices_per_node=1",
+        "device.expandable_segments=true",
+        f"actor.megatron.param_offload={flags}",
+        f"actor.megatron.grad_offload={flags}",
+        f"actor.megatron.optimizer_offload={flags}",
+        "rollout.engine=vllm",
+        "rollout.enforce_eager=true",
+        "rollout.gpu_memory_utilization=0.2",
+        'rollout.engine_kwargs={"language_model_only": true, "gdn_prefill_backend": "triton"}',
+        f"total_training_steps={steps}",
+        "test_freq=-1",
+        "checkpoint.save_freq=-1",
+        "checkpoint.export_hf=false",
+        "logging.tensorboard=false",
+        "logging.plot=false",
+    ]
+    with GpuMemoryPeak() as memory:
+        result = train(grpo_config.load(preset, overrides))
+    rows = {s: r for s, r in read_metrics(result.metrics_path).items() if "reward/mean" in r}
+    later = [r for s, r in rows.items() if s > 1]
+    rewards = [r["reward/mean"] for r in rows.values()]
+    sequences = preset["data"]["train_batch_size"] * preset["rollout"]["n"]
+    summary = {
+        "run": name,
+        "offload": offload,
+        "final_step": result.final_step,
+        "wall_s": result.wall_time_s,
+        "reward_first10": statistics.fmean(rewards[:10]),
+        "reward_last10": statistics.fmean(rewards[-10:]),
+        "rewards": rewards,
+        "phase_s_median": {
+            p: statistics.median(r[f"timing/{p}_s"] for r in later) for p in PHASES if f"timing/{p}_s" in later[0]
+        },
+        "step1_s": rows[1]["timing/step_s"],
+        "rollout_tokens_per_s_median": statistics.median(
+            r["response_length/mean"] * sequences / r["timing/generate_s"] for r in later
+        ),
+        "logprob_abs_diff_max": max(r["rollout/logprob_abs_diff"] for r in rows.values()),
+        "gpu_memory_peak_mib": memory.peak,
+    }
+    print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}), flush=True)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--runs", default="offload,resident")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    for name in args.runs.split(","):
+        try:
+            results[name] = run(
+                name, offload=name == "offload", steps=args.steps, workdir=Path(tempfile.mkdtemp())
+            )
+        except Exception:
+            results[name] = {"error": traceback.format_exc()[-8000:]}
+            traceback.print_exc()
+        (args.out / "gpu_production_path.json").write_text(json.dumps(results, indent=2, default=str))
+    raise SystemExit(1 if any("error" in r for r in results.values()) else 0)
+
+
+if __name__ == "__main__":
+    main()
