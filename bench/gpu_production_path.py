@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import tempfile
 import threading
-import time
 import traceback
 from pathlib import Path
 from typing import Any

@@ -17,7 +17,7 @@ def test_replicas_are_consecutive_ranks() -> None:
 
 
 def test_a_size_that_does_not_divide_the_world_is_refused() -> None:
-    with pytest.raises(ValueError, match="rollout.tensor_parallel_size=3 must divide the world size 8"):
+    with pytest.raises(ValueError, match=r"rollout\.tensor_parallel_size=3 must divide the world size 8"):
         RolloutReplicas(world_size=8, tensor_parallel_size=3)
 
 
