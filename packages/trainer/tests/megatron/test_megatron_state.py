@@ -66,3 +66,26 @@ def test_an_optimizer_without_state_is_left_alone() -> None:
     assert dict(fresh.state) == {}
     with _step_tensors_set_aside(object()):  # no inner optimizer at all
         pass
+
+
+def test_an_offloaded_optimizer_s_class_setting_is_left_out_of_the_checkpoint_and_taken_back() -> None:
+    """With actor.megatron.optimizer_offload, megatron-core's HybridDeviceOptimizer keeps its CPU
+    optimizer's class in every param group (seen on the H200: the last save of a 20-step run
+    failed with "cannot checkpoint a builtins.type at .../param_groups/0/cpu_optimizer_cls")."""
+    from grpo_ckpt.structure import flatten_state
+    from grpo_trainer.backends.megatron.state import with_live_classes, without_classes
+
+    live = {
+        "optimizer": {
+            "state": {0: {"exp_avg": torch.ones(2)}},
+            "param_groups": [{"lr": 0.1, "cpu_optimizer_cls": torch.optim.Adam, "params": [0]}],
+        },
+        "fp32_from_fp16_params": [[torch.zeros(2)]],
+    }
+    saved = without_classes(live)
+    assert "cpu_optimizer_cls" not in saved["optimizer"]["param_groups"][0]
+    flatten_state(saved)  # a checkpoint holds it
+    restored = with_live_classes(saved, live)
+    assert restored["optimizer"]["param_groups"][0]["cpu_optimizer_cls"] is torch.optim.Adam
+    assert restored["optimizer"]["param_groups"][0]["lr"] == 0.1
+    assert torch.equal(restored["optimizer"]["state"][0]["exp_avg"], torch.ones(2))

@@ -38,7 +38,7 @@ def policy_state(model: list[torch.nn.Module], optimizer: Any) -> dict[str, Any]
     data-parallel rank must call it)."""
     optimizers = []
     for sub in _sub_optimizers(optimizer):
-        entry: dict[str, Any] = {"state_dict": sub.state_dict()}
+        entry: dict[str, Any] = {"state_dict": without_classes(sub.state_dict())}
         if _is_distributed(sub):
             entry["param_state"] = _encode_param_state(
                 sub.get_parameter_state_dp_zero(return_on_all_ranks=True)
@@ -73,10 +73,33 @@ def _load_optimizer_state(optimizer: Any, entries: list[dict[str, Any]]) -> None
     if len(entries) != len(subs):
         raise ValueError(f"checkpoint has {len(entries)} optimizer parts, the model has {len(subs)}")
     for sub, entry in zip(subs, entries, strict=True):
-        sub.load_state_dict(entry["state_dict"])
+        sub.load_state_dict(with_live_classes(entry["state_dict"], sub.state_dict()))
         if "param_state" in entry:
             with _step_tensors_set_aside(sub):
                 sub.load_parameter_state_from_dp_zero(_decode_param_state(entry["param_state"]))
+
+
+def without_classes(tree: Any) -> Any:
+    """`tree` without the dict entries whose value is a class: with `optimizer_offload`,
+    megatron-core's HybridDeviceOptimizer keeps `cpu_optimizer_cls` (torch's Adam class) in each
+    param group, which a checkpoint cannot hold. It is a setting, not state."""
+    if isinstance(tree, dict):
+        return {k: without_classes(v) for k, v in tree.items() if not isinstance(v, type)}
+    if isinstance(tree, list | tuple):
+        return type(tree)(without_classes(v) for v in tree)
+    return tree
+
+
+def with_live_classes(saved: Any, live: Any) -> Any:
+    """`saved` with the classes `without_classes` left out taken back from the live optimizer's
+    state dict, at the same places."""
+    if isinstance(saved, dict) and isinstance(live, dict):
+        merged = {k: with_live_classes(v, live.get(k)) for k, v in saved.items()}
+        merged.update({k: v for k, v in live.items() if isinstance(v, type) and k not in saved})
+        return merged
+    if isinstance(saved, list | tuple) and isinstance(live, list | tuple) and len(saved) == len(live):
+        return type(saved)(with_live_classes(a, b) for a, b in zip(saved, live, strict=True))
+    return saved
 
 
 @contextmanager
