@@ -150,7 +150,9 @@ def test_a_vision_language_checkpoint_s_language_model_builds_through_the_text_o
 ) -> None:
     """Qwen3.5's real layout (`model.language_model.*` + `model.visual.*`): the Megatron backend's
     `open_bridge` reads its language model in place through a text-only bridge; the built model
-    exports the language model's tensors exactly, under text-only names, and no vision tensor."""
+    exports the language model's tensors exactly, under text-only names, and no vision tensor; its
+    strict HF export is in the checkpoint's own layout, vision tower copied, and loads in
+    transformers' conditional-generation class."""
     hf_dir, _, _ = qwen35
     vl_dir = _tiny_qwen35_moe_vl(hf_dir, tmp_path / "vl", same_weights=True)
     bridge, model = _megatron_on_cpu(vl_dir, tmp_path / "pg")
@@ -159,6 +161,25 @@ def test_a_vision_language_checkpoint_s_language_model_builds_through_the_text_o
     assert set(exported) == set(source)
     for name, tensor in source.items():
         assert torch.equal(exported[name], tensor), name
+
+    # The strict HF export goes back into the checkpoint's own layout, vision tower copied.
+    from transformers import Qwen3_5MoeForConditionalGeneration
+
+    report = export_hf(bridge, model, tmp_path / "out", strict=True, vision_language_source=vl_dir)
+    original = {}
+    for file in vl_dir.glob("*.safetensors"):
+        original.update(load_file(file))
+    written = {}
+    for file in (tmp_path / "out").glob("*.safetensors"):
+        written.update(load_file(file))
+    assert set(written) == set(original) and report.complete
+    assert report.copied_from_source == sorted(k for k in original if k.startswith("model.visual."))
+    for name, tensor in original.items():
+        assert torch.equal(written[name], tensor), name
+    _, info = Qwen3_5MoeForConditionalGeneration.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    manifest = json.loads((tmp_path / "out" / EXPORT_MANIFEST).read_text())["hf_export"]
+    assert manifest["copied_from_source"] == len(report.copied_from_source) > 0
 
 
 @pytest.mark.vllm

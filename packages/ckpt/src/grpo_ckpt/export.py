@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from grpo_ckpt import manifest as mf
 from grpo_ckpt.atomic_io import atomic_write_json
 from grpo_ckpt.dist_utils import all_gather_objects, barrier, rank_and_world
 from grpo_ckpt.errors import StrictExportError
+from grpo_ckpt.vision_language import restore_vision_language_layout
 
 log = structlog.get_logger()
 
@@ -40,6 +41,8 @@ class ExportReport:
     written: list[str]
     model_keys_not_written: list[str] = field(default_factory=list)  # the model has them; the files lack them
     source_keys_not_written: list[str] = field(default_factory=list)  # the source checkpoint has them
+    # Tensors copied unchanged from the source checkpoint (a vision tower that was not trained).
+    copied_from_source: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -51,6 +54,7 @@ class ExportReport:
         data = asdict(self)
         data["path"] = str(self.path)
         data["written"] = len(self.written)
+        data["copied_from_source"] = len(self.copied_from_source)
         return data
 
 
@@ -115,12 +119,23 @@ def _strict_error(reason: str, *, missing: list[str], unexpected: list[str]) -> 
     )
 
 
-def export_hf(bridge: Any, model: Any, path: str | Path, *, strict: bool, show_progress: bool = False) -> ExportReport:
+def export_hf(
+    bridge: Any,
+    model: Any,
+    path: str | Path,
+    *,
+    strict: bool,
+    show_progress: bool = False,
+    vision_language_source: str | Path | None = None,
+) -> ExportReport:
     """Megatron -> HF safetensors via `bridge.save_hf_weights(model, path, strict=strict)`.
 
     Collective (every rank calls it). strict=True: any key the bridge refuses, or any model tensor
     missing from the written files, raises StrictExportError listing missing and unexpected keys.
-    strict=False: the report and `grpo_export_manifest.json` list what was skipped.
+    strict=False: the report and `grpo_export_manifest.json` list what was skipped. With
+    `vision_language_source` (the model trained the language model of that vision-language
+    checkpoint), the checked export is then put into the source's layout with its vision tower
+    (`vision_language.restore_vision_language_layout`), listed as copied in the report.
     """
     path = Path(path)
     model = model if isinstance(model, list) else [model]
@@ -161,9 +176,14 @@ def export_hf(bridge: Any, model: Any, path: str | Path, *, strict: bool, show_p
             unexpected=_minus(expected, source),
         )
     if rank == 0:
+        if vision_language_source is not None:
+            copied = restore_vision_language_layout(path, source=vision_language_source)
+            report = replace(
+                report, written=written_keys(path), copied_from_source=copied
+            )
         _finish(report)
     barrier()
-    return report
+    return all_gather_objects(report)[0]
 
 
 def export_hf_torch(model: Any, tokenizer: Any, path: str | Path, *, strict: bool = True) -> ExportReport:

@@ -35,16 +35,7 @@ def checkpoint_target(name: str, own: dict[str, torch.Tensor]) -> torch.Tensor |
     return fused[index, :half] if part == "gate" else fused[index, half:]
 
 
-# Where a vision-language checkpoint keeps its language model (Qwen3.5's real layout:
-# `model.language_model.layers...`, `model.visual...`, `lm_head...`).
-LANGUAGE_MODEL_PREFIX = "model.language_model."
-_VL_TOP_LEVEL = ("model.language_model.", "model.visual.")
+# Text-only names into Qwen3.5's vision-language checkpoint layout: one rule, in grpo_ckpt.
+from grpo_ckpt.vision_language import LANGUAGE_MODEL_PREFIX, into_language_model_layout  # noqa: E402
 
-
-def into_language_model_layout(name: str) -> str:
-    """A text-only checkpoint name (`model.layers.0...`, `model.embed_tokens.weight`) as the
-    vision-language checkpoint of the same model names it; names already in that layout, the
-    vision tower's and `lm_head` stay as they are."""
-    if name.startswith("model.") and not name.startswith(_VL_TOP_LEVEL):
-        return LANGUAGE_MODEL_PREFIX + name.removeprefix("model.")
-    return name
+__all__ = ["LANGUAGE_MODEL_PREFIX", "checkpoint_target", "into_language_model_layout"]

@@ -232,7 +232,13 @@ class MegatronBackend:
         expected-vs-written key report."""
         from grpo_ckpt import export_hf
 
-        return export_hf(self.policy.bridge, self.model, path, strict=strict)
+        return export_hf(
+            self.policy.bridge,
+            self.model,
+            path,
+            strict=strict,
+            vision_language_source=self.policy.vision_language_source,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return policy_state(self.model, self.optimizer)

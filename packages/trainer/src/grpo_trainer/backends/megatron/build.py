@@ -55,6 +55,9 @@ class BuiltPolicy:
     provider: Any
     model: list[torch.nn.Module]
     layout: ParallelLayout
+    # The vision-language checkpoint whose language model this is (its HF export goes back into
+    # that layout, vision tower copied); None for a text-only checkpoint.
+    vision_language_source: str | None = None
 
 
 def _accelerator(kind: DeviceKind | str) -> DeviceKind:
@@ -195,7 +198,13 @@ def build_policy(
         params=sum(p.numel() for chunk in model for p in chunk.parameters()),
         **dataclasses.asdict(layout),
     )
-    return BuiltPolicy(bridge=bridge, provider=provider, model=model, layout=layout)
+    return BuiltPolicy(
+        bridge=bridge,
+        provider=provider,
+        model=model,
+        layout=layout,
+        vision_language_source=model_path if vision_language_config(model_path) is not None else None,
+    )
 
 
 def build_optimizer(cfg: TrainerConfig, model: list[torch.nn.Module], *, megatron: MegatronConfig) -> Any:

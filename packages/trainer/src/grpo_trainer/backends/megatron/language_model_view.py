@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from grpo_trainer.rollout.hf_weight_names import LANGUAGE_MODEL_PREFIX
+from grpo_ckpt.vision_language import LANGUAGE_MODEL_PREFIX, VISION_PREFIX
 
 log = structlog.get_logger()
 
@@ -42,7 +42,7 @@ def text_only_name(name: str) -> str | None:
     """`model.language_model.X` -> `model.X`; the vision tower's names -> None; others unchanged."""
     if name.startswith(LANGUAGE_MODEL_PREFIX):
         return "model." + name.removeprefix(LANGUAGE_MODEL_PREFIX)
-    if name.startswith("model.visual."):
+    if name.startswith(VISION_PREFIX):
         return None
     return name
 
