@@ -5,8 +5,9 @@ model under `model.language_model.*`, a vision tower under `model.visual.*`). Me
 vision-language bridge builds its vision encoder from TransformerEngine layers only (FACTS.md), so
 without TransformerEngine the Megatron backend trains the language model alone: a text-only bridge
 reads the same safetensors files through a renaming view, and nothing is copied. The vision tower
-is not trained; what the policy exports and syncs is the language model, under text-only names
-(the vLLM engine maps them back: `rollout.hf_weight_names.into_language_model_layout`).
+is not trained; the policy's `named_weights` are the language model under text-only names (the
+vLLM engine maps them back), and its HF export goes back into the checkpoint's layout with the
+vision tower copied (`grpo_ckpt.export_hf(..., vision_language_source=)`).
 """
 
 from __future__ import annotations
