@@ -15,18 +15,16 @@ from grpo_trainer import grpo_math as gm
 
 
 def ref_group_adv(rewards, groups, norm_by_std=True, eps=1e-6):
+    """verl's compute_grpo_outcome_advantage: a group of one has mean 0 and std 1."""
     out = []
     for i, g in enumerate(groups):
         members = [rewards[j] for j in range(len(groups)) if groups[j] == g]
         if len(members) == 1:
-            out.append(0.0)
-            continue
-        mean = sum(members) / len(members)
-        if not norm_by_std:
-            out.append(rewards[i] - mean)
-            continue
-        var = sum((m - mean) ** 2 for m in members) / (len(members) - 1)
-        out.append((rewards[i] - mean) / (math.sqrt(var) + eps))
+            mean, std = 0.0, 1.0
+        else:
+            mean = sum(members) / len(members)
+            std = math.sqrt(sum((m - mean) ** 2 for m in members) / (len(members) - 1))
+        out.append((rewards[i] - mean) / (std + eps) if norm_by_std else rewards[i] - mean)
     return out
 
 
@@ -108,10 +106,11 @@ def test_group_advantages_hand_computed():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 5.0])
     adv = gm.group_advantages(rewards, ["a", "a", "a", "a", "b"])
     # group a: mean 0.25, unbiased std sqrt(0.75/3) = 0.5
-    expected = torch.tensor([0.75 / 0.5, -0.25 / 0.5, -0.5, -0.5, 0.0])
+    # group b, one response: mean 0, std 1 as verl (5 / (1 + 1e-6))
+    expected = torch.tensor([0.75 / 0.5, -0.25 / 0.5, -0.5, -0.5, 5.0 / (1 + 1e-6)])
     torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
     raw = gm.group_advantages(rewards, ["a", "a", "a", "a", "b"], norm_by_std=False)
-    torch.testing.assert_close(raw, torch.tensor([0.75, -0.25, -0.25, -0.25, 0.0]))
+    torch.testing.assert_close(raw, torch.tensor([0.75, -0.25, -0.25, -0.25, 5.0]))
 
 
 def test_group_advantages_equal_rewards_give_zero_and_eps_guards():

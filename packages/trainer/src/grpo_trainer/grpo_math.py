@@ -79,7 +79,9 @@ def group_advantages(
 ) -> torch.Tensor:
     """GRPO outcome advantage per response: `(r - mean_g) / (std_g + eps)` over the responses of
     its group `g` (unbiased std), or `r - mean_g` when `norm_by_std` is false (Dr. GRPO).
-    A group of one response gets 0 (verl gives it `r / (1 + eps)`; it carries no comparison)."""
+    A group of one response takes mean 0 and std 1, as verl's `compute_grpo_outcome_advantage`
+    does: its advantage is `r / (1 + eps)` (`r` without the std). Chosen for parity with verl's
+    numbers; such a group carries no comparison, and `rollout.n >= 2` is required with GRPO."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
     if len(group_ids) != rewards.shape[0]:
@@ -96,13 +98,15 @@ def group_advantages(
     count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(
         0, group, torch.ones_like(r)
     )
+    several = count > 1
     mean = torch.zeros_like(count).index_add_(0, group, r) / count
+    mean = torch.where(several, mean, torch.zeros_like(mean))
     centred = r - mean[group]
     if norm_by_std:
         sq = torch.zeros_like(count).index_add_(0, group, centred.square())
         std = torch.sqrt(sq / (count - 1).clamp(min=1))
+        std = torch.where(several, std, torch.ones_like(std))
         centred = centred / (std[group] + eps)
-    centred = torch.where(count[group] > 1, centred, torch.zeros_like(centred))
     return centred.to(out_dtype)
 
 
