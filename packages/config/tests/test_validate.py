@@ -123,6 +123,14 @@ def test_rollout_tp_must_divide_world() -> None:
     assert "rollout.tensor_parallel_size=4 does not divide the world size 6" in msg
 
 
+def test_verl_kl_names_are_accepted_and_full_is_refused_with_the_reason() -> None:
+    for name in ("kl", "mse", "k1+", "mse+", "low_var_kl+", "abs+"):
+        assert load(None, [f"actor.kl_loss_type={name}"]).actor.kl_loss_type == name
+    assert "actor.kl_loss_type=full cannot be honoured: the full KL needs both models' whole vocabulary" in (
+        _problems(["actor.kl_loss_type=full"])
+    )
+
+
 def test_a_rollout_replica_stays_on_one_node() -> None:
     msg = _problems(["device.nnodes=2", "device.devices_per_node=4", "rollout.tensor_parallel_size=8"])
     assert "rollout.tensor_parallel_size=8 does not divide device.devices_per_node=4: a rollout replica spans" in msg

@@ -244,14 +244,17 @@ def test_aggregate_hand_computed():
 # ---------------------------------------------------------------- KL and entropy
 
 
-@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3", "low_var_kl", "k3+"])
+VERL_KL_NAMES = ["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"]
+
+
+@pytest.mark.parametrize("kind", [*VERL_KL_NAMES, *(f"{k}+" for k in VERL_KL_NAMES)])
 def test_kl_penalty_matches_reference(kind):
     g = torch.Generator().manual_seed(3)
     lp = -torch.rand(5, 6, generator=g, dtype=torch.float64) * 4
     ref = -torch.rand(5, 6, generator=g, dtype=torch.float64) * 4
     lp[0, 0], ref[0, 0] = -30.0, 0.0  # k3 clamps: exp(30) would explode
     got = gm.kl_penalty(lp, ref, kind)
-    base = {"low_var_kl": "k3", "k3+": "k3"}.get(kind, kind)
+    base = {"low_var_kl": "k3", "kl": "k1", "mse": "k2"}.get(kind.removesuffix("+"), kind.removesuffix("+"))
     expected = [[ref_kl(lp[b, t].item(), ref[b, t].item(), base) for t in range(6)] for b in range(5)]
     np.testing.assert_allclose(got.numpy(), expected, atol=1e-6)
     if base == "k3":
@@ -280,6 +283,19 @@ def test_k3_plus_has_k3_value_and_k2_gradient():
     torch.testing.assert_close(lp_plus.grad, lp_k2.grad)
     torch.testing.assert_close(lp_plus.grad, base - ref)  # d/dx 0.5 x^2
     assert not torch.allclose(lp_plus.grad, lp_k3.grad)
+
+
+@pytest.mark.parametrize("kind", [f"{k}+" for k in VERL_KL_NAMES])
+def test_every_plus_form_has_its_value_and_k2_s_gradient(kind):
+    """verl's straight-through rule for each estimator: the value of `kind` without '+', the
+    gradient of k2 = 0.5 * (logp - ref)^2, i.e. logp - ref."""
+    g = torch.Generator().manual_seed(6)
+    ref = -torch.rand(3, 4, generator=g, dtype=torch.float64) * 2
+    lp = (-torch.rand(3, 4, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    value = gm.kl_penalty(lp, ref, kind)
+    value.sum().backward()
+    torch.testing.assert_close(value.detach(), gm.kl_penalty(lp.detach(), ref, kind.removesuffix("+")))
+    torch.testing.assert_close(lp.grad, lp.detach() - ref)
 
 
 def test_kl_loss_aggregates_and_rejects_unknown_kind():

@@ -8,7 +8,13 @@ from typing import Any, Literal
 
 DeviceName = Literal["auto", "cuda", "npu", "cpu"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KLType = Literal["k1", "abs", "k2", "k3", "low_var_kl", "k3+"]
+# verl's KL estimator names (`kl` = k1, `mse` = k2, `low_var_kl` = k3; `+`: that value with k2's
+# gradient). `full` is verl's name too: accepted here only to be refused with the reason (validate).
+KLType = Literal[
+    "k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
+    "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+",
+    "full",
+]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -196,6 +196,13 @@ _NOT_YET: tuple[tuple[str, Any, str], ...] = (
         "the reference model is loaded from its HF checkpoint (ref.model_path); set it to false",
     ),
     (
+        "actor.kl_loss_type",
+        "full",
+        "the full KL needs both models' whole vocabulary distributions at every token, which neither "
+        "grpo nor verl keeps (verl raises NotImplementedError for it); use low_var_kl (k3), k1/kl, "
+        "k2/mse or abs, or one of them with '+' for the k2 gradient",
+    ),
+    (
         "algorithm.use_kl_in_reward",
         True,
         "the KL penalty in the reward (verl's use_kl_in_reward) is not implemented; grpo applies KL as "

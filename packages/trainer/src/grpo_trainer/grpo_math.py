@@ -54,18 +54,9 @@ LOSS_AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-KL_KINDS: tuple[str, ...] = (
-    "k1",
-    "abs",
-    "k2",
-    "k3",
-    "low_var_kl",
-    "k1+",
-    "abs+",
-    "k2+",
-    "k3+",
-    "low_var_kl+",
-)
+# verl's names: `kl` is k1, `mse` is k2, `low_var_kl` is k3; each with `+` (straight-through).
+_KL_BASE = {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
+KL_KINDS: tuple[str, ...] = (*_KL_BASE, *(f"{name}+" for name in _KL_BASE))
 LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
 
@@ -261,14 +252,13 @@ def _kl_forward(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str)
 
 
 def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL(pi || ref) estimate (http://joschu.net/blog/kl-approx.html). `low_var_kl` is `k3`.
-    A `+` suffix ("k3+") keeps the value of the estimator but takes the gradient of k2, which is
-    the unbiased KL gradient (straight-through)."""
+    """Per-token KL(pi || ref) estimate (http://joschu.net/blog/kl-approx.html), with verl's names:
+    `kl` is `k1`, `mse` is `k2`, `low_var_kl` is `k3`. A `+` suffix ("k3+") keeps the value of the
+    estimator but takes the gradient of k2, which is the unbiased KL gradient (straight-through)."""
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL estimator {kind!r}; use one of {list(KL_KINDS)}")
     straight_through = kind.endswith("+")
-    base = kind.removesuffix("+")
-    base = "k3" if base == "low_var_kl" else base
+    base = _KL_BASE[kind.removesuffix("+")]
     value = _kl_forward(log_probs, ref_log_probs, base)
     if not straight_through or base == "k2":
         return value
