@@ -127,6 +127,7 @@ READ: dict[str, tuple[str, ...]] = {
         f"{TRAINER}/test_grpo_math.py::test_policy_loss_hand_computed_single_tokens",
     ),
     "actor.loss_agg_mode": (LOSS, f"{TORCH}::test_one_update_equals_an_independent_reference_loop"),
+    "actor.loss_scale_factor": (LOSS, "packages/config/tests/test_validate.py::test_loss_scale_factor_is_positive_and_only_with_the_mode_that_reads_it"),
     "actor.entropy_coeff": (LOSS,),
     "actor.use_kl_loss": (LOSS, f"{TORCH}::test_without_kl_no_reference_is_built_or_needed"),
     "actor.kl_loss_coef": (LOSS, f"{TORCH}::test_kl_to_the_frozen_reference_grows_as_the_policy_moves"),

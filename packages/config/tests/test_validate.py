@@ -131,6 +131,13 @@ def test_verl_kl_names_are_accepted_and_full_is_refused_with_the_reason() -> Non
     )
 
 
+def test_loss_scale_factor_is_positive_and_only_with_the_mode_that_reads_it() -> None:
+    norm = "actor.loss_agg_mode=seq-mean-token-sum-norm"
+    assert load(None, [norm, "actor.loss_scale_factor=4096"]).actor.loss_scale_factor == 4096
+    assert "actor.loss_scale_factor=0.0 is out of range" in _problems([norm, "actor.loss_scale_factor=0"])
+    assert "read by loss_agg_mode=seq-mean-token-sum-norm only" in _problems(["actor.loss_scale_factor=4096"])
+
+
 def test_a_rollout_replica_stays_on_one_node() -> None:
     msg = _problems(["device.nnodes=2", "device.devices_per_node=4", "rollout.tensor_parallel_size=8"])
     assert "rollout.tensor_parallel_size=8 does not divide device.devices_per_node=4: a rollout replica spans" in msg

@@ -135,6 +135,8 @@ def test_from_config_reads_the_actor_settings_and_the_response_budget() -> None:
     assert (loss_fn.loss_agg_mode, loss_fn.entropy_coeff, loss_fn.kl_coef) == ("seq-mean-token-sum-norm", 0.02, None)
     assert loss_fn.loss_scale_factor == 300 and not loss_fn.uses_reference and loss_fn.entropy_requires_grad
     assert GRPOLoss.from_config(grpo_config.load({"rollout": {"max_tokens": 64}})).loss_scale_factor == 64
+    explicit = {"loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 1234.0}
+    assert GRPOLoss.from_config(grpo_config.load({"actor": explicit})).loss_scale_factor == 1234.0
     clipped = GRPOLoss.from_config(
         grpo_config.load(
             {

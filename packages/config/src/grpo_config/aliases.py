@@ -68,6 +68,7 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_A}.clip_ratio_high": "actor.clip_ratio_high",
         f"{_A}.clip_ratio_c": "actor.clip_ratio_c",
         f"{_A}.loss_agg_mode": "actor.loss_agg_mode",
+        f"{_A}.loss_scale_factor": "actor.loss_scale_factor",
         f"{_A}.checkpoint.strict": "checkpoint.strict",
         f"{_A}.checkpoint.save_contents": "checkpoint.save_contents",
         f"{_A}.megatron.tensor_model_parallel_size": "parallel.tp",

@@ -104,6 +104,9 @@ class ActorConfig:
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
     loss_agg_mode: LossAggMode = "token-mean"
+    # seq-mean-token-sum-norm (Dr. GRPO) divides by this constant; None: the response budget
+    # (data.max_response_length, or rollout.max_tokens when set), as verl's default.
+    loss_scale_factor: float | None = None
     entropy_coeff: float = 0.0
     use_kl_loss: bool = True
     kl_loss_coef: float = 0.001

@@ -142,6 +142,7 @@ _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("ref.log_prob_max_token_len_per_device", lambda v: v >= 1, ">= 1 tokens"),
     ("actor.clip_ratio_low", lambda v: v >= 0, ">= 0 (PPO clips the ratio to [1 - low, 1 + high])"),
     ("actor.clip_ratio_high", lambda v: v >= 0, ">= 0 (PPO clips the ratio to [1 - low, 1 + high])"),
+    ("actor.loss_scale_factor", lambda v: v is None or v > 0, "positive, or null for the response budget"),
     ("actor.clip_ratio_c", lambda v: v > 1, "greater than 1 (dual-clip lower bound of the PPO loss), e.g. 3.0"),
     ("actor.kl_loss_coef", lambda v: v >= 0, ">= 0"),
     ("actor.megatron.optimizer_offload_fraction", lambda v: 0 <= v <= 1, "in [0, 1]"),
@@ -367,6 +368,12 @@ def _unread_problems(cfg: TrainerConfig) -> list[str]:
             )
     if cfg.actor.backend == "megatron":
         problems += _megatron_reference_problems(cfg)
+    if cfg.actor.loss_scale_factor is not None and cfg.actor.loss_agg_mode != "seq-mean-token-sum-norm":
+        problems.append(
+            f"actor.loss_scale_factor={cfg.actor.loss_scale_factor}: read by loss_agg_mode="
+            f"seq-mean-token-sum-norm only, and actor.loss_agg_mode={cfg.actor.loss_agg_mode}. Remove it "
+            "or set actor.loss_agg_mode=seq-mean-token-sum-norm."
+        )
     if cfg.data.val_batch_size is not None:
         problems.append(
             f"data.val_batch_size={cfg.data.val_batch_size}: grpo generates the whole validation set in "

@@ -101,7 +101,7 @@ class GRPOLoss:
             entropy_coeff=actor.entropy_coeff,
             kl_coef=actor.kl_loss_coef if actor.use_kl_loss else None,
             kl_type=actor.kl_loss_type,
-            loss_scale_factor=response_budget(cfg),
+            loss_scale_factor=actor.loss_scale_factor or response_budget(cfg),
         )
 
     @property
