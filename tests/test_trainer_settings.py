@@ -96,7 +96,7 @@ def test_collective_timeout_is_the_setting_or_past_the_longest_phase(preset) -> 
     assert collective_timeout_s(grpo_config.load(preset, ["timeouts.update_s=3600"])) == 3660.0
 
 
-def test_the_advantage_settings_shape_grpo_advantages(preset) -> None:
+def test_the_advantage_settings_shape_grpo_advantages(preset) -> None:  # and algorithm.adv_estimator
     """algorithm.norm_adv_by_std divides by the group's (unbiased) std; algorithm.adv_eps is added
     to it. One group of four rewards [1, 0, 0, 0]: mean 0.25, std 0.5."""
     rewards, groups = torch.tensor([1.0, 0.0, 0.0, 0.0]), ["p"] * 4
@@ -106,6 +106,9 @@ def test_the_advantage_settings_shape_grpo_advantages(preset) -> None:
     torch.testing.assert_close(centred, torch.tensor([0.75, -0.25, -0.25, -0.25]))
     damped = _run(preset, "algorithm.adv_eps=0.5").advantages(rewards, groups)
     torch.testing.assert_close(damped, torch.tensor([0.75, -0.25, -0.25, -0.25]) / 1.0)
+    # algorithm.adv_estimator=rloo: each reward against the mean of the other three
+    rloo = _run(preset, "algorithm.adv_estimator=rloo").advantages(rewards, groups)
+    torch.testing.assert_close(rloo, torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
 
 
 class _RecordingGroup:

@@ -61,7 +61,7 @@ OUT_OF_RANGE = [
     (["timeouts.update_s=0"], "timeouts.update_s=0.0 must be a positive, finite number of seconds"),
     (
         ["rollout.n=1"],
-        "rollout.n=1 with algorithm.adv_estimator=grpo: GRPO's advantage is a response's reward",
+        "rollout.n=1 with algorithm.adv_estimator=grpo: the advantage is a response's reward",
     ),
     (["experiment_name=../x"], "experiment_name='../x' names a folder"),
 ]

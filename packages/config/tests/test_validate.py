@@ -138,6 +138,15 @@ def test_loss_scale_factor_is_positive_and_only_with_the_mode_that_reads_it() ->
     assert "read by loss_agg_mode=seq-mean-token-sum-norm only" in _problems(["actor.loss_scale_factor=4096"])
 
 
+def test_adv_estimator_takes_grpo_or_rloo_and_refuses_the_rest() -> None:
+    assert load(None, ["algorithm.adv_estimator=rloo"]).algorithm.adv_estimator == "rloo"
+    with pytest.raises(ConfigError, match="allowed values: 'grpo', 'rloo'"):
+        load(None, ["algorithm.adv_estimator=gae"])
+    assert "rollout.n=1 with algorithm.adv_estimator=rloo" in _problems(["algorithm.adv_estimator=rloo", "rollout.n=1"])
+    refused = _problems(["algorithm.adv_estimator=rloo", "algorithm.norm_adv_by_std=false"])
+    assert "algorithm.norm_adv_by_std=False: read by algorithm.adv_estimator=grpo only" in refused
+
+
 def test_a_rollout_replica_stays_on_one_node() -> None:
     msg = _problems(["device.nnodes=2", "device.devices_per_node=4", "rollout.tensor_parallel_size=8"])
     assert "rollout.tensor_parallel_size=8 does not divide device.devices_per_node=4: a rollout replica spans" in msg

@@ -128,6 +128,32 @@ def test_group_advantages_match_reference(seed, norm):
     np.testing.assert_allclose(got.numpy(), ref_group_adv(list(rewards), groups, norm), atol=1e-6)
 
 
+def ref_rloo_adv(rewards, groups):
+    """verl's compute_rloo_outcome_advantage, written out: n > 1: r * n/(n-1) - mean * n/(n-1)."""
+    out = []
+    for i, g in enumerate(groups):
+        members = [rewards[j] for j in range(len(groups)) if groups[j] == g]
+        n = len(members)
+        mean = sum(members) / n
+        out.append(rewards[i] * n / (n - 1) - mean * n / (n - 1) if n > 1 else rewards[i])
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rloo_advantages_match_verl(seed):
+    rng = np.random.default_rng(seed)
+    groups = [int(g) for g in rng.integers(0, 6, size=29)]  # some groups of one
+    rewards = rng.random(29)
+    got = gm.rloo_advantages(torch.tensor(rewards, dtype=torch.float64), groups)
+    np.testing.assert_allclose(got.numpy(), ref_rloo_adv(list(rewards), groups), atol=1e-12)
+
+
+def test_rloo_hand_computed():
+    # group a: [1, 0, 0, 0]: 1 - 0 = 1 and 0 - 1/3; group b of one keeps its 5
+    got = gm.rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 5.0]), ["a", "a", "a", "a", "b"])
+    torch.testing.assert_close(got, torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3, 5.0]))
+
+
 def test_group_advantages_rejects_bad_input():
     with pytest.raises(ValueError, match="group ids"):
         gm.group_advantages(torch.zeros(3), [0, 1])
@@ -336,4 +362,5 @@ def test_public_api_is_frozen():
         "masked_mean",
         "masked_sum",
         "policy_loss",
+        "rloo_advantages",
     ]

@@ -157,7 +157,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
-    adv_estimator: Literal["grpo"] = "grpo"
+    adv_estimator: Literal["grpo", "rloo"] = "grpo"
     norm_adv_by_std: bool = True
     adv_eps: float = 1e-6
     use_kl_in_reward: bool = False

@@ -408,12 +408,24 @@ def value_problems(cfg: TrainerConfig) -> list[str]:
         for key, name in (("project_name", cfg.project_name), ("experiment_name", cfg.experiment_name))
         if not _FOLDER_NAME.fullmatch(name)
     ]
-    if cfg.algorithm.adv_estimator == "grpo" and cfg.rollout.n < 2:
+    estimator = cfg.algorithm.adv_estimator
+    if cfg.rollout.n < 2:
         problems.append(
-            f"rollout.n={cfg.rollout.n} with algorithm.adv_estimator=grpo: GRPO's advantage is a "
-            f"response's reward against its group of rollout.n responses, so with one response every "
-            f"advantage is 0 and nothing is learned. Set rollout.n >= 2 (the recipes use 5 or 6)."
+            f"rollout.n={cfg.rollout.n} with algorithm.adv_estimator={estimator}: the advantage is a "
+            f"response's reward against the other responses to its prompt, so with one response there "
+            f"is nothing to compare and nothing is learned. Set rollout.n >= 2 (the recipes use 5 or 6)."
         )
+    if estimator == "rloo":
+        changed = [
+            f"algorithm.{name}={getattr(cfg.algorithm, name)}"
+            for name, default in (("norm_adv_by_std", True), ("adv_eps", 1e-6))
+            if getattr(cfg.algorithm, name) != default
+        ]
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: read by algorithm.adv_estimator=grpo only (RLOO's leave-one-out "
+                f"advantage has no std normalisation). Remove them or set algorithm.adv_estimator=grpo."
+            )
     for name, default in _TIMEOUT_DEFAULTS.items():
         seconds = getattr(cfg.timeouts, name)
         if default is not None and not 0.0 < seconds < math.inf:

@@ -45,6 +45,7 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "policy_loss",
+    "rloo_advantages",
 ]
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -99,6 +100,27 @@ def group_advantages(
         std = torch.where(several, std, torch.ones_like(std))
         centred = centred / (std[group] + eps)
     return centred.to(out_dtype)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable]) -> torch.Tensor:
+    """RLOO's leave-one-out advantage (verl's `compute_rloo_outcome_advantage`): in a group of
+    n > 1 responses, `r_i - mean of the other n - 1 rewards` (= n / (n - 1) * (r_i - mean_g)); a
+    group of one keeps its reward."""
+    if rewards.dim() != 1 or len(group_ids) != rewards.shape[0]:
+        raise ValueError(
+            f"need 1-D rewards and one group id per reward, got shape {tuple(rewards.shape)} and {len(group_ids)} ids"
+        )
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=out_dtype, device=rewards.device)
+    dense: dict[Hashable, int] = {}
+    group = torch.tensor([dense.setdefault(g, len(dense)) for g in group_ids], device=rewards.device)
+    r = rewards.detach().to(torch.float64)
+    count = torch.zeros(len(dense), dtype=torch.float64, device=r.device).index_add_(0, group, torch.ones_like(r))
+    total = torch.zeros_like(count).index_add_(0, group, r)
+    n = count[group]
+    leave_one_out = (n * r - total[group]) / (n - 1).clamp(min=1)
+    return torch.where(n > 1, leave_one_out, r).to(out_dtype)
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

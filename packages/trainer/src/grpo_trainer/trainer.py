@@ -191,8 +191,11 @@ class _Run:
         return outputs
 
     def advantages(self, rewards: torch.Tensor, group_ids: Sequence[Hashable]) -> torch.Tensor:
-        """GRPO's per-response advantage, as `algorithm.norm_adv_by_std` / `adv_eps` say."""
+        """The per-response advantage of `algorithm.adv_estimator`: GRPO's (as `norm_adv_by_std` /
+        `adv_eps` say) or RLOO's leave-one-out one."""
         algorithm = self.cfg.algorithm
+        if algorithm.adv_estimator == "rloo":
+            return grpo_math.rloo_advantages(rewards, group_ids)
         return grpo_math.group_advantages(
             rewards, group_ids, norm_by_std=algorithm.norm_adv_by_std, eps=algorithm.adv_eps
         )
