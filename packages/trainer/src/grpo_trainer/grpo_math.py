@@ -62,6 +62,24 @@ LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
 
 
+def _grouped(rewards: torch.Tensor, group_ids: Sequence[Hashable]) -> tuple[torch.Tensor, ...] | None:
+    """(rewards as float64, each response's dense group index, responses per group), after the
+    checks both advantage estimators need; None for no rewards."""
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    if len(group_ids) != rewards.shape[0]:
+        raise ValueError(
+            f"got {len(group_ids)} group ids for {rewards.shape[0]} rewards; pass one id per response"
+        )
+    if rewards.numel() == 0:
+        return None
+    dense: dict[Hashable, int] = {}
+    group = torch.tensor([dense.setdefault(g, len(dense)) for g in group_ids], device=rewards.device)
+    r = rewards.detach().to(torch.float64)
+    count = torch.zeros(len(dense), dtype=torch.float64, device=r.device).index_add_(0, group, torch.ones_like(r))
+    return r, group, count
+
+
 def group_advantages(
     rewards: torch.Tensor,
     group_ids: Sequence[Hashable],
@@ -74,22 +92,11 @@ def group_advantages(
     A group of one response takes mean 0 and std 1, as verl's `compute_grpo_outcome_advantage`
     does: its advantage is `r / (1 + eps)` (`r` without the std). Chosen for parity with verl's
     numbers; such a group carries no comparison, and `rollout.n >= 2` is required with GRPO."""
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
-    if len(group_ids) != rewards.shape[0]:
-        raise ValueError(
-            f"got {len(group_ids)} group ids for {rewards.shape[0]} rewards; pass one id per response"
-        )
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
-    if rewards.numel() == 0:
+    grouped = _grouped(rewards, group_ids)
+    if grouped is None:
         return torch.zeros(0, dtype=out_dtype, device=rewards.device)
-    dense: dict[Hashable, int] = {}
-    group = torch.tensor([dense.setdefault(g, len(dense)) for g in group_ids], device=rewards.device)
-    r = rewards.detach().to(torch.float64)
-    n_groups = len(dense)
-    count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(
-        0, group, torch.ones_like(r)
-    )
+    r, group, count = grouped
     several = count > 1
     mean = torch.zeros_like(count).index_add_(0, group, r) / count
     mean = torch.where(several, mean, torch.zeros_like(mean))
@@ -106,17 +113,11 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable]) -> tor
     """RLOO's leave-one-out advantage (verl's `compute_rloo_outcome_advantage`): in a group of
     n > 1 responses, `r_i - mean of the other n - 1 rewards` (= n / (n - 1) * (r_i - mean_g)); a
     group of one keeps its reward."""
-    if rewards.dim() != 1 or len(group_ids) != rewards.shape[0]:
-        raise ValueError(
-            f"need 1-D rewards and one group id per reward, got shape {tuple(rewards.shape)} and {len(group_ids)} ids"
-        )
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
-    if rewards.numel() == 0:
+    grouped = _grouped(rewards, group_ids)
+    if grouped is None:
         return torch.zeros(0, dtype=out_dtype, device=rewards.device)
-    dense: dict[Hashable, int] = {}
-    group = torch.tensor([dense.setdefault(g, len(dense)) for g in group_ids], device=rewards.device)
-    r = rewards.detach().to(torch.float64)
-    count = torch.zeros(len(dense), dtype=torch.float64, device=r.device).index_add_(0, group, torch.ones_like(r))
+    r, group, count = grouped
     total = torch.zeros_like(count).index_add_(0, group, r)
     n = count[group]
     leave_one_out = (n * r - total[group]) / (n - 1).clamp(min=1)
