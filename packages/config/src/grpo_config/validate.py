@@ -10,7 +10,14 @@ from typing import Any
 
 from grpo_config.aliases import TRANSFORMER_SETTINGS
 from grpo_config.errors import ConfigError
-from grpo_config.schema import MegatronConfig, ParallelConfig, RolloutConfig, TimeoutsConfig, TrainerConfig
+from grpo_config.schema import (
+    AlgorithmConfig,
+    MegatronConfig,
+    ParallelConfig,
+    RolloutConfig,
+    TimeoutsConfig,
+    TrainerConfig,
+)
 
 _TIMEOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TimeoutsConfig)}
 
@@ -374,6 +381,13 @@ def _unread_problems(cfg: TrainerConfig) -> list[str]:
             f"seq-mean-token-sum-norm only, and actor.loss_agg_mode={cfg.actor.loss_agg_mode}. Remove it "
             "or set actor.loss_agg_mode=seq-mean-token-sum-norm."
         )
+    if cfg.algorithm.adv_estimator == "rloo":
+        changed = _changed(cfg.algorithm, AlgorithmConfig(), ("norm_adv_by_std", "adv_eps"), "algorithm")
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: read by algorithm.adv_estimator=grpo only (RLOO's leave-one-out "
+                f"advantage has no std normalisation). Remove them or set algorithm.adv_estimator=grpo."
+            )
     if cfg.data.val_batch_size is not None:
         problems.append(
             f"data.val_batch_size={cfg.data.val_batch_size}: grpo generates the whole validation set in "
@@ -408,24 +422,12 @@ def value_problems(cfg: TrainerConfig) -> list[str]:
         for key, name in (("project_name", cfg.project_name), ("experiment_name", cfg.experiment_name))
         if not _FOLDER_NAME.fullmatch(name)
     ]
-    estimator = cfg.algorithm.adv_estimator
     if cfg.rollout.n < 2:
         problems.append(
-            f"rollout.n={cfg.rollout.n} with algorithm.adv_estimator={estimator}: the advantage is a "
+            f"rollout.n={cfg.rollout.n} with algorithm.adv_estimator={cfg.algorithm.adv_estimator}: the advantage is a "
             f"response's reward against the other responses to its prompt, so with one response there "
             f"is nothing to compare and nothing is learned. Set rollout.n >= 2 (the recipes use 5 or 6)."
         )
-    if estimator == "rloo":
-        changed = [
-            f"algorithm.{name}={getattr(cfg.algorithm, name)}"
-            for name, default in (("norm_adv_by_std", True), ("adv_eps", 1e-6))
-            if getattr(cfg.algorithm, name) != default
-        ]
-        if changed:
-            problems.append(
-                f"{', '.join(changed)}: read by algorithm.adv_estimator=grpo only (RLOO's leave-one-out "
-                f"advantage has no std normalisation). Remove them or set algorithm.adv_estimator=grpo."
-            )
     for name, default in _TIMEOUT_DEFAULTS.items():
         seconds = getattr(cfg.timeouts, name)
         if default is not None and not 0.0 < seconds < math.inf:
