@@ -126,6 +126,8 @@ def save_vision_language_layout(text_dir: Path, out_dir: Path, *, language_weigh
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
+    from grpo_ckpt.vision_language import into_language_model_layout
+
     text = AutoConfig.from_pretrained(text_dir)
     vision = {
         "depth": 1,
@@ -143,7 +145,7 @@ def save_vision_language_layout(text_dir: Path, out_dir: Path, *, language_weigh
         weights = out_dir / "model.safetensors"
         tensors = load_file(weights)
         for name, tensor in load_file(Path(text_dir) / "model.safetensors").items():
-            vl_name = "model.language_model." + name.removeprefix("model.") if name.startswith("model.") else name
+            vl_name = into_language_model_layout(name)
             if vl_name not in tensors:
                 raise ValueError(f"{vl_name} (from {name}) is not in the vision-language layout")
             tensors[vl_name] = tensor
