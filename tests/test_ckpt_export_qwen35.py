@@ -71,7 +71,7 @@ def _megatron_on_cpu(model_path: Path, pg_file: Path) -> tuple[object, list]:
         dist.init_process_group("gloo", init_method=f"file://{pg_file}", rank=0, world_size=1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
-        bridge = open_bridge(AutoBridge, str(model_path), torch_dtype=torch.bfloat16)
+        bridge, _ = open_bridge(AutoBridge, str(model_path), torch_dtype=torch.bfloat16)
         provider = bridge.to_megatron_provider(load_weights=True)
         cfg = TrainerConfig()
         local = dataclasses.replace(

@@ -136,13 +136,14 @@ def configure_provider(
         log.info("megatron.override_transformer_config", **{k: repr(v) for k, v in overrides.items()})
 
 
-def open_bridge(auto_bridge: Any, model_path: str, **kwargs: Any) -> Any:
-    """The bridge over `model_path`; for a vision-language checkpoint (Qwen3.5's real layout) a
-    text-only bridge over its language model (`language_model_view`)."""
+def open_bridge(auto_bridge: Any, model_path: str, **kwargs: Any) -> tuple[Any, str | None]:
+    """(the bridge over `model_path`, the vision-language checkpoint it reads the language model of
+    or None). For a vision-language checkpoint (Qwen3.5's real layout) the bridge is a text-only
+    one over its language model (`language_model_view`)."""
     config = vision_language_config(model_path)
     if config is not None:
-        return open_language_model_bridge(auto_bridge, model_path, config=config, **kwargs)
-    return auto_bridge.from_hf_pretrained(model_path, **kwargs)
+        return open_language_model_bridge(auto_bridge, model_path, config=config, **kwargs), model_path
+    return auto_bridge.from_hf_pretrained(model_path, **kwargs), None
 
 
 def build_policy(
@@ -162,7 +163,7 @@ def build_policy(
     megatron = megatron or cfg.actor.megatron
     auto_bridge = import_auto_bridge()
     init_distributed(device)
-    bridge = open_bridge(
+    bridge, vision_language_source = open_bridge(
         auto_bridge,
         model_path,
         torch_dtype=_DTYPES[cfg.actor.dtype],
@@ -203,7 +204,7 @@ def build_policy(
         provider=provider,
         model=model,
         layout=layout,
-        vision_language_source=model_path if vision_language_config(model_path) is not None else None,
+        vision_language_source=vision_language_source,
     )
 
 

@@ -70,8 +70,10 @@ def open_language_model_bridge(auto_bridge: Any, model_path: str, *, config: dic
 
     text_dir = write_text_config(config, Path(tempfile.mkdtemp(prefix="grpo-language-model-")))
     bridge = auto_bridge.from_hf_pretrained(str(text_dir), **kwargs)
-    bridge.hf_pretrained._state_dict_accessor = StateDict(language_model_source(SafeTensorsStateSource(model_path)))
-    vision = sum(1 for key in SafeTensorsStateSource(model_path).get_all_keys() if text_only_name(key) is None)
+    checkpoint = SafeTensorsStateSource(model_path)
+    language_model = language_model_source(checkpoint)
+    bridge.hf_pretrained._state_dict_accessor = StateDict(language_model)
+    vision = len(checkpoint.get_all_keys()) - len(language_model.get_all_keys())
     log.info(
         "megatron.language_model_only",
         model_path=model_path,
@@ -89,8 +91,7 @@ def language_model_source(source: Any) -> Any:
 
     class LanguageModelSource(StateSource):
         def __init__(self) -> None:
-            names = (key for key in source.get_all_keys())
-            self.names = {text: key for key in names if (text := text_only_name(key)) is not None}
+            self.names = {text: key for key in source.get_all_keys() if (text := text_only_name(key)) is not None}
 
         def get_all_keys(self) -> list[str]:
             return list(self.names)
