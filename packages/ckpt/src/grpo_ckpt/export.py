@@ -178,12 +178,12 @@ def export_hf(
     if rank == 0:
         if vision_language_source is not None:
             copied = restore_vision_language_layout(path, source=vision_language_source)
-            report = replace(
-                report, written=written_keys(path), copied_from_source=copied
-            )
+            report = replace(report, written=written_keys(path), copied_from_source=copied)
         _finish(report)
-    barrier()
-    return all_gather_objects(report)[0]
+    if vision_language_source is None:
+        barrier()
+        return report
+    return all_gather_objects(report)[0]  # rank 0's report of the restored layout (and the barrier)
 
 
 def export_hf_torch(model: Any, tokenizer: Any, path: str | Path, *, strict: bool = True) -> ExportReport:
