@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from grpo_trainer.rollout.hf_weight_names import checkpoint_target, into_language_model_layout
+from grpo_ckpt.vision_language import into_language_model_layout
+from grpo_trainer.rollout.hf_weight_names import checkpoint_target
 
 
 def test_text_only_names_go_under_the_language_model_and_the_rest_stay() -> None:

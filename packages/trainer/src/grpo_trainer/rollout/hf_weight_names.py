@@ -33,9 +33,3 @@ def checkpoint_target(name: str, own: dict[str, torch.Tensor]) -> torch.Tensor |
         return fused[index]
     half = fused.shape[1] // 2
     return fused[index, :half] if part == "gate" else fused[index, half:]
-
-
-# Text-only names into Qwen3.5's vision-language checkpoint layout: one rule, in grpo_ckpt.
-from grpo_ckpt.vision_language import LANGUAGE_MODEL_PREFIX, into_language_model_layout  # noqa: E402
-
-__all__ = ["LANGUAGE_MODEL_PREFIX", "checkpoint_target", "into_language_model_layout"]

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 import torch
 
+from grpo_ckpt.vision_language import into_language_model_layout
 from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import Generation, SamplingParams
-from grpo_trainer.rollout.hf_weight_names import into_language_model_layout
 from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
 from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, iter_buckets, pack_bucket, write_bucket_file
 
