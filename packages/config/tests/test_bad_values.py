@@ -73,7 +73,75 @@ CANNOT_HONOUR = [
         [*MEGATRON, "actor.megatron.use_dist_checkpointing=true"],
         "use_dist_checkpointing=True cannot be honoured",
     ),
-    (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward=True cannot be honoured"),
+    (
+        ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full"],
+        "algorithm.kl_penalty=full cannot be honoured: the full KL needs",
+    ),
+    (["algorithm.kl_ctrl.kl_coef=0.01"], "algorithm.kl_ctrl=KLControlConfig(type='fixed', kl_coef=0.01"),
+    (
+        ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.target_kl=0.5"],
+        "algorithm.kl_ctrl.target_kl=0.5: read by the adaptive KL controller only",
+    ),
+    (
+        ["algorithm.rollout_correction.bypass_mode=true"],
+        "algorithm.rollout_correction.bypass_mode=True cannot be honoured: grpo recomputes the old log-probs",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is_threshold=3"],
+        "algorithm.rollout_correction.rollout_is_threshold=3.0: read with algorithm.rollout_correction.rollout_is",
+    ),
+    (
+        [
+            "algorithm.rollout_correction.rollout_rs=token_k4",
+            "algorithm.rollout_correction.rollout_rs_threshold=2",
+        ],
+        "unknown rollout_rs option(s) ['token_k4']",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_rs=token_k1"],
+        "rollout_rs_threshold must be given when rollout_rs is set",
+    ),
+    (
+        [
+            "algorithm.rollout_correction.rollout_rs=seq_mean_k3",
+            "algorithm.rollout_correction.rollout_rs_threshold=0.5_2",
+        ],
+        "seq_mean_k3 takes one upper threshold",
+    ),
+    (
+        ["algorithm.filter_groups.max_num_gen_batches=4"],
+        "algorithm.filter_groups.max_num_gen_batches=4: read by dynamic sampling only",
+    ),
+    (["data.gen_batch_size=32"], "data.gen_batch_size=32: read by dynamic sampling only"),
+    (
+        [
+            "algorithm.filter_groups.enable=true",
+            "algorithm.filter_groups.metric=seq_final_reward",
+            "algorithm.use_kl_in_reward=true",
+        ],
+        "groups are filtered before the log-prob passes",
+    ),
+    (
+        ["reward.overlong_buffer.len=4"],
+        "reward.overlong_buffer.len=4: read with reward.overlong_buffer.enable",
+    ),
+    (
+        ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4096"],
+        "reward.overlong_buffer.len=4096 must be between 1 and the response budget 512",
+    ),
+    (
+        ["actor.policy_loss.loss_mode=gspo"],
+        "actor.loss_agg_mode=token-mean with actor.policy_loss.loss_mode=gspo",
+    ),
+    (
+        ["actor.policy_loss.loss_mode=cispo", "actor.clip_ratio_c=10"],
+        "actor.clip_ratio_c=10.0: the dual clip belongs to the vanilla PPO loss",
+    ),
+    (["actor.clip_ratio_low=10"], "actor.clip_ratio_low=10.0 makes the ratio's lower clip bound"),
+    (
+        ["actor_rollout_ref.actor.tis_imp_ratio_cap=2"],
+        "verl's legacy token-level TIS key; set algorithm.rollout_correction.rollout_is=token",
+    ),
     (
         ["algorithm.adv_estimator=gae"],
         "'algorithm.adv_estimator' has value 'gae', which is not allowed; allowed values: 'grpo'",

@@ -353,6 +353,7 @@ def test_public_api_is_frozen():
     assert gm.__all__ == [
         "KL_KINDS",
         "LOSS_AGG_MODES",
+        "POLICY_LOSS_MODES",
         "aggregate_loss",
         "entropy_from_logits",
         "group_advantages",

@@ -69,6 +69,7 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_A}.clip_ratio_c": "actor.clip_ratio_c",
         f"{_A}.loss_agg_mode": "actor.loss_agg_mode",
         f"{_A}.loss_scale_factor": "actor.loss_scale_factor",
+        f"{_A}.policy_loss": "actor.policy_loss",
         f"{_A}.checkpoint.strict": "checkpoint.strict",
         f"{_A}.checkpoint.save_contents": "checkpoint.save_contents",
         f"{_A}.megatron.tensor_model_parallel_size": "parallel.tp",
@@ -120,6 +121,8 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_RO}.val_kwargs.n": "rollout.val_n",
         f"{_RO}.val_kwargs.temperature": "rollout.val_temperature",
         "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std",
+        "reward_model.overlong_buffer": "reward.overlong_buffer",
+        "reward_model.reward_kwargs.overlong_buffer_cfg": "reward.overlong_buffer",
         "trainer.nnodes": "device.nnodes",
         "trainer.n_gpus_per_node": "device.devices_per_node",
         "trainer.device": "device.kind",
@@ -174,6 +177,10 @@ _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
 # verl keys refused whatever their value, with the reason.
 _REFUSED_KEYS: Mapping[str, str] = MappingProxyType(
     {
+        f"{_A}.tis_imp_ratio_cap": (
+            "verl's legacy token-level TIS key; set algorithm.rollout_correction.rollout_is=token and "
+            "algorithm.rollout_correction.rollout_is_threshold=<the cap> (verl's current keys)"
+        ),
         "data.filter_overlong_prompts_workers": (
             "grpo tokenises and filters prompts in the driver in one pass (seconds for geo3k); there is "
             "no worker pool to size. Remove the key (data.filter_overlong_prompts is honoured)"
@@ -185,7 +192,7 @@ _REFUSED_KEYS: Mapping[str, str] = MappingProxyType(
 _LOGGERS: Mapping[str, str] = MappingProxyType({"console": "logging.console", "tensorboard": "logging.tensorboard"})
 
 # Roots that exist only as verl aliases: any key under them that is not an alias is unknown.
-ALIAS_ONLY_ROOTS = frozenset({"actor_rollout_ref", "trainer"})
+ALIAS_ONLY_ROOTS = frozenset({"actor_rollout_ref", "trainer", "reward_model"})
 
 
 def _as_python(value: Any) -> Any:

@@ -46,6 +46,9 @@ class DataConfig:
     max_prompt_length: int = 512
     max_response_length: int = 512
     train_batch_size: int = 8
+    # Prompts per generation round with algorithm.filter_groups (DAPO's dynamic sampling); None:
+    # train_batch_size. Without filter_groups every generated prompt is trained on, so it must be unset.
+    gen_batch_size: int | None = None
     val_batch_size: int | None = None
     shuffle: bool = True
     seed: int = 1
@@ -86,6 +89,14 @@ class MegatronConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PolicyLossConfig:
+    """verl's `actor.policy_loss`: "vanilla" (PPO, dual clip), "gspo" (sequence-level ratio) or
+    "cispo" (clipped, stop-gradient importance weight on every token)."""
+
+    loss_mode: Literal["vanilla", "gspo", "cispo"] = "vanilla"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ActorConfig:
     model_path: str = ""
     trust_remote_code: bool = False  # passed to every transformers / vLLM / bridge load
@@ -104,6 +115,7 @@ class ActorConfig:
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
     loss_agg_mode: LossAggMode = "token-mean"
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     # seq-mean-token-sum-norm (Dr. GRPO) divides by this constant; None: the response budget
     # (data.max_response_length, or rollout.max_tokens when set), as verl's default.
     loss_scale_factor: float | None = None
@@ -156,11 +168,69 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class KLControlConfig:
+    """The coefficient of the KL penalty in the reward: fixed, or adapted towards `target_kl`
+    over `horizon` sequences (verl's `algorithm.kl_ctrl`)."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's `algorithm.filter_groups`): groups whose `metric` is the same
+    for every response are dropped and generation goes on until `data.train_batch_size` prompts
+    are kept, at most `max_num_gen_batches` rounds (<= 0: no limit). `metric`: "acc" / "score" the
+    reward function's score, "seq_reward" that score after overlong shaping, "seq_final_reward"
+    after the KL penalty too."""
+
+    enable: bool = False
+    metric: Literal["acc", "score", "seq_reward", "seq_final_reward"] = "acc"
+    max_num_gen_batches: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutCorrectionConfig:
+    """Rollout-training mismatch correction (verl's `algorithm.rollout_correction`), between the
+    training policy at rollout time (old log-probs) and the rollout engine's log-probs.
+    `rollout_is`: truncated importance weights per token or per sequence, capped at
+    `rollout_is_threshold`; `rollout_rs`: rejection (masking) options, see `grpo_config.rejection`."""
+
+    rollout_is: Literal["token", "sequence"] | None = None
+    rollout_is_threshold: float = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: str | float | None = None
+    bypass_mode: bool = False  # accepted only as false (see validate)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
     adv_estimator: Literal["grpo", "rloo"] = "grpo"
     norm_adv_by_std: bool = True
     adv_eps: float = 1e-6
     use_kl_in_reward: bool = False
+    kl_penalty: KLType = "kl"  # the estimator of the KL in the reward
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    # DAPO's overlong filtering: responses cut at the length budget are left out of the loss (their
+    # reward still counts in their group's statistics).
+    overlong_filter: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlongBufferConfig:
+    """DAPO's overlong reward shaping (verl's `reward_model.overlong_buffer`): a response longer than
+    `budget - len` tokens loses `(length - (budget - len)) / len * penalty_factor`, up to
+    `penalty_factor` at the budget. `log`: log the penalty's mean and the share penalised."""
+
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 0.0
+    log: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +238,7 @@ class RewardConfig:
     custom_fn: str | None = None  # "package.module:function", loaded only when set explicitly
     timeout_s: float = 60.0  # the budget of one batch's scoring (all its rows, num_workers at a time)
     num_workers: int = 1
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,3 +297,8 @@ class TrainerConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+
+    @property
+    def uses_reference_model(self) -> bool:
+        """A frozen reference policy is built for the KL loss or the KL penalty in the reward."""
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward

@@ -10,11 +10,17 @@ from typing import Any
 
 from grpo_config.aliases import TRANSFORMER_SETTINGS
 from grpo_config.errors import ConfigError
+from grpo_config.rejection import parse_rejection
 from grpo_config.schema import (
+    ActorConfig,
     AlgorithmConfig,
+    FilterGroupsConfig,
+    KLControlConfig,
     MegatronConfig,
+    OverlongBufferConfig,
     ParallelConfig,
     RolloutConfig,
+    RolloutCorrectionConfig,
     TimeoutsConfig,
     TrainerConfig,
 )
@@ -168,6 +174,17 @@ _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("rollout.weight_sync_bucket_mb", lambda v: v >= 1, ">= 1 MB"),
     ("rollout.val_n", lambda v: v >= 1, ">= 1"),
     ("algorithm.adv_eps", lambda v: v > 0, "> 0 (added to the group's standard deviation), e.g. 1e-6"),
+    ("algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, ">= 0"),
+    ("algorithm.kl_ctrl.horizon", lambda v: v >= 1, ">= 1 sequences"),
+    ("algorithm.kl_ctrl.target_kl", lambda v: v > 0, "> 0"),
+    (
+        "algorithm.rollout_correction.rollout_is_threshold",
+        lambda v: v > 0,
+        "> 0 (the weights' upper cap), e.g. 2.0",
+    ),
+    ("data.gen_batch_size", lambda v: v is None or v >= 1, ">= 1 prompts or null (data.train_batch_size)"),
+    ("reward.overlong_buffer.len", lambda v: v >= 0, ">= 0 tokens"),
+    ("reward.overlong_buffer.penalty_factor", lambda v: v >= 0, ">= 0"),
     ("reward.timeout_s", lambda v: v > 0, "> 0 seconds"),
     ("reward.num_workers", lambda v: v >= 1, ">= 1"),
     ("checkpoint.save_freq", lambda v: v == -1 or v >= 1, "-1 (only at the end) or >= 1 steps"),
@@ -211,10 +228,17 @@ _NOT_YET: tuple[tuple[str, Any, str], ...] = (
         "k2/mse or abs, or one of them with '+' for the k2 gradient",
     ),
     (
-        "algorithm.use_kl_in_reward",
+        "algorithm.kl_penalty",
+        "full",
+        "the full KL needs both models' whole vocabulary distributions at every token, which neither "
+        "grpo nor verl keeps; use kl (k1, verl's default here), low_var_kl (k3), mse (k2) or abs",
+    ),
+    (
+        "algorithm.rollout_correction.bypass_mode",
         True,
-        "the KL penalty in the reward (verl's use_kl_in_reward) is not implemented; grpo applies KL as "
-        "a loss term: set algorithm.use_kl_in_reward=false and actor.use_kl_loss=true",
+        "grpo recomputes the old log-probs with the training policy and corrects towards the rollout "
+        "engine's (verl's decoupled mode); using the engine's log-probs as the old policy is not "
+        "implemented. Set it to false and use rollout_is / rollout_rs",
     ),
 )
 
@@ -403,6 +427,105 @@ def _unread_problems(cfg: TrainerConfig) -> list[str]:
     return problems
 
 
+def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
+    """Settings of one algorithm set while that algorithm is off (accepted and ignored otherwise),
+    and combinations with no defined meaning."""
+    algorithm, problems = cfg.algorithm, []
+    if not algorithm.use_kl_in_reward:
+        changed = _changed(algorithm, AlgorithmConfig(), ("kl_penalty", "kl_ctrl"), "algorithm")
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: read with algorithm.use_kl_in_reward=true only. Remove them or "
+                "set algorithm.use_kl_in_reward=true."
+            )
+    elif algorithm.kl_ctrl.type == "fixed":
+        changed = _changed(
+            algorithm.kl_ctrl, KLControlConfig(), ("horizon", "target_kl"), "algorithm.kl_ctrl"
+        )
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: read by the adaptive KL controller only, and algorithm.kl_ctrl.type=fixed. "
+                "Remove them or set algorithm.kl_ctrl.type=adaptive."
+            )
+    groups = algorithm.filter_groups
+    if not groups.enable:
+        changed = _changed(
+            groups, FilterGroupsConfig(), ("metric", "max_num_gen_batches"), "algorithm.filter_groups"
+        )
+        if cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size):
+            changed.append(f"data.gen_batch_size={cfg.data.gen_batch_size}")
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: read by dynamic sampling only (without it every generated prompt is "
+                "trained on). Remove them or set algorithm.filter_groups.enable=true."
+            )
+    elif groups.metric == "seq_final_reward" and algorithm.use_kl_in_reward:
+        problems.append(
+            "algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: groups are "
+            "filtered before the log-prob passes that the KL penalty needs. Filter on seq_reward or acc."
+        )
+    correction = algorithm.rollout_correction
+    if correction.rollout_is is None:
+        changed = _changed(
+            correction,
+            RolloutCorrectionConfig(),
+            ("rollout_is_threshold", "rollout_is_batch_normalize"),
+            "algorithm.rollout_correction",
+        )
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: read with algorithm.rollout_correction.rollout_is=token|sequence only. "
+                "Remove them or set rollout_is."
+            )
+    if correction.rollout_rs is None and correction.rollout_rs_threshold is not None:
+        problems.append(
+            f"algorithm.rollout_correction.rollout_rs_threshold={correction.rollout_rs_threshold!r}: read with "
+            "algorithm.rollout_correction.rollout_rs only. Remove it or set rollout_rs."
+        )
+    if correction.rollout_rs is not None:
+        try:
+            parse_rejection(correction.rollout_rs, correction.rollout_rs_threshold)
+        except ValueError as exc:
+            problems.append(f"algorithm.rollout_correction: {exc}.")
+    buffer = cfg.reward.overlong_buffer
+    if not buffer.enable:
+        changed = _changed(
+            buffer, OverlongBufferConfig(), ("len", "penalty_factor", "log"), "reward.overlong_buffer"
+        )
+        if changed:
+            problems.append(
+                f"{', '.join(changed)}: read with reward.overlong_buffer.enable=true only. Remove them or enable it."
+            )
+    elif not 1 <= buffer.len <= (budget := cfg.rollout.max_tokens or cfg.data.max_response_length):
+        problems.append(
+            f"reward.overlong_buffer.len={buffer.len} must be between 1 and the response budget {budget} "
+            "(rollout.max_tokens, else data.max_response_length): the penalty ramps over the last len tokens."
+        )
+    return problems + _policy_loss_problems(cfg)
+
+
+def _policy_loss_problems(cfg: TrainerConfig) -> list[str]:
+    actor, problems = cfg.actor, []
+    mode = actor.policy_loss.loss_mode
+    if mode in ("gspo", "cispo") and actor.clip_ratio_c != ActorConfig().clip_ratio_c:
+        problems.append(
+            f"actor.clip_ratio_c={actor.clip_ratio_c}: the dual clip belongs to the vanilla PPO loss; "
+            f"actor.policy_loss.loss_mode={mode} has none. Remove it."
+        )
+    if mode == "gspo" and actor.loss_agg_mode != "seq-mean-token-mean":
+        problems.append(
+            f"actor.loss_agg_mode={actor.loss_agg_mode} with actor.policy_loss.loss_mode=gspo: GSPO's objective is "
+            "the sequence mean of token means (verl uses it for the GSPO term whatever loss_agg_mode says). "
+            "Set actor.loss_agg_mode=seq-mean-token-mean."
+        )
+    if mode != "cispo" and actor.clip_ratio_low > 1:
+        problems.append(
+            f"actor.clip_ratio_low={actor.clip_ratio_low} makes the ratio's lower clip bound 1 - low negative; "
+            "only actor.policy_loss.loss_mode=cispo takes a large low (no lower bound). Use a value <= 1."
+        )
+    return problems
+
+
 def value_problems(cfg: TrainerConfig) -> list[str]:
     """Problems of single values (ranges, values grpo cannot honour, overrides of grpo settings)."""
     problems: list[str] = []
@@ -416,6 +539,7 @@ def value_problems(cfg: TrainerConfig) -> list[str]:
             problems.append(f"{key}={refused} cannot be honoured: {why}.")
     problems += _override_problems(cfg)
     problems += _unread_problems(cfg)
+    problems += _algorithm_problems(cfg)
     problems += [
         f"{key}={name!r} names a folder (<logging.dir>/<project_name>/<experiment_name>): use letters, "
         f"digits, '.', '_' or '-', not starting with '.'."

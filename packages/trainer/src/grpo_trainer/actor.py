@@ -57,8 +57,10 @@ class Actor:
     def log_probs(self, batch: PolicyBatch, *, ref: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         """{"log_probs": [B, T]} (and "entropy") of `batch` under the policy or, with `ref`, the
         frozen reference, float32 on the CPU, in the batch's row order."""
-        if ref and not self.loss.uses_reference:
-            raise ValueError("no reference model: it is only built when actor.use_kl_loss=true")
+        if ref and not self.cfg.uses_reference_model:
+            raise ValueError(
+                "no reference model: it is only built when actor.use_kl_loss or algorithm.use_kl_in_reward"
+            )
         size = self._log_prob_setting("log_prob_micro_batch_size_per_device", ref=ref)
         dynamic = self._log_prob_setting("log_prob_use_dynamic_bsz", ref=ref)
         max_tokens = self._log_prob_setting("log_prob_max_token_len_per_device", ref=ref) if dynamic else None

@@ -111,6 +111,7 @@ def take_rows(
         advantages=pick(batch.advantages),
         old_log_probs=pick(batch.old_log_probs),
         ref_log_probs=pick(batch.ref_log_probs),
+        rollout_is_weights=pick(batch.rollout_is_weights),
         extra={k: pick(v) if isinstance(v, torch.Tensor) else v for k, v in batch.extra.items()},
     )
 

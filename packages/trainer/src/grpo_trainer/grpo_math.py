@@ -36,6 +36,7 @@ import torch
 __all__ = [
     "KL_KINDS",
     "LOSS_AGG_MODES",
+    "POLICY_LOSS_MODES",
     "aggregate_loss",
     "entropy_from_logits",
     "group_advantages",
@@ -198,6 +199,106 @@ def aggregate_loss(
     return loss
 
 
+POLICY_LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo", "cispo")
+GSPO_LOG_RATIO_MAX = 10.0
+
+
+def _token_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    advantages = advantages.detach().to(like.dtype)
+    if advantages.dim() == 1:
+        return advantages.unsqueeze(-1).expand_as(like)
+    if advantages.shape != like.shape:
+        raise ValueError(f"advantages must be [B] or [B, T], got {tuple(advantages.shape)}")
+    return advantages
+
+
+def _vanilla_losses(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate with dual clip (https://arxiv.org/abs/1912.09729), verl's "vanilla"."""
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
+    log_ratio = torch.clamp(log_probs - old_log_probs, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clip_loss = torch.maximum(unclipped, clipped)
+    dual_bound = -advantages * clip_ratio_c
+    losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((clipped > unclipped).to(log_probs.dtype), response_mask),
+            "pg_clipfrac_lower": masked_mean(
+                ((clip_loss > dual_bound) & (advantages < 0)).to(log_probs.dtype), response_mask
+            ),
+            "ppo_kl": masked_mean(-log_ratio, response_mask),
+        }
+    return losses, metrics
+
+
+def _gspo_losses(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO (https://arxiv.org/abs/2507.18071) in its token form, as verl's `gspo`: every token of
+    sequence i carries s_i,t = sg[s_i] * pi_t / sg[pi_t], whose value is the length-normalised
+    sequence ratio s_i = exp(mean_t(log pi_t - log pi_old_t)) and whose gradient is s_i * grad log pi_t.
+    Clipped as PPO without the dual clip. With one advantage per sequence and the sequence mean of
+    token means this is sequence-level GSPO exactly; per-token advantages give GSPO-token."""
+    log_ratio = log_probs - old_log_probs
+    lengths = response_mask.to(log_probs.dtype).sum(dim=-1).clamp(min=1)
+    seq_log_ratio = masked_sum(log_ratio, response_mask, dim=-1) / lengths
+    token_log_ratio = log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    losses = torch.maximum(unclipped, clipped)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((clipped > unclipped).to(log_probs.dtype), response_mask),
+            "pg_clipfrac_lower": log_probs.new_zeros(()),
+            "ppo_kl": masked_mean(-log_ratio, response_mask),
+        }
+    return losses, metrics
+
+
+def _cispo_losses(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, https://arxiv.org/abs/2506.13585), as verl's `cispo`:
+    `-sg(clip(r, 1 - low, 1 + high)) * A * log pi`: every token keeps its gradient, weighted by the
+    clipped importance ratio (no token is dropped by the clip, unlike PPO's)."""
+    log_ratio = torch.clamp(log_probs - old_log_probs, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high).detach()
+    losses = -clipped_ratio * advantages * log_probs
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((ratio != clipped_ratio).to(log_probs.dtype), response_mask),
+            "pg_clipfrac_lower": log_probs.new_zeros(()),
+            "ppo_kl": masked_mean(-log_ratio, response_mask),
+        }
+    return losses, metrics
+
+
 def policy_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -207,40 +308,51 @@ def policy_loss(
     clip_ratio_low: float,
     clip_ratio_high: float,
     clip_ratio_c: float = 3.0,
+    loss_mode: str = "vanilla",
+    is_weights: torch.Tensor | None = None,
     loss_agg_mode: str = "token-mean",
     global_batch_tokens: float | int | torch.Tensor | None = None,
     global_batch_seqs: float | int | torch.Tensor | None = None,
     dp_size: int = 1,
     loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate with dual clip (https://arxiv.org/abs/1912.09729), as verl's "vanilla"
-    policy loss. `advantages` is `[B]` (broadcast over tokens) or `[B, T]`. Returns the aggregated
-    loss and detached metrics of this shard: pg_clipfrac, pg_clipfrac_lower, ppo_kl."""
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
-    if not 0.0 <= clip_ratio_low <= 1.0 or clip_ratio_high < 0.0:
+    """The policy-gradient loss of `loss_mode` (verl's `policy_loss.loss_mode`): "vanilla" (PPO
+    with dual clip), "gspo" or "cispo". `advantages` is `[B]` (broadcast over tokens) or `[B, T]`.
+    `is_weights` ([B, T], rollout correction's truncated importance weights) multiply each token's
+    loss after the clip, as verl's `rollout_is_weights`. GSPO's objective is the sequence mean of
+    token means: it needs `loss_agg_mode="seq-mean-token-mean"`. Returns the aggregated loss and
+    detached metrics of this shard: pg_clipfrac, pg_clipfrac_lower, ppo_kl."""
+    if clip_ratio_low < 0.0 or clip_ratio_high < 0.0 or (loss_mode != "cispo" and clip_ratio_low > 1.0):
         raise ValueError(
-            f"need 0 <= clip_ratio_low <= 1 and clip_ratio_high >= 0, got {clip_ratio_low}, {clip_ratio_high}"
+            f"need 0 <= clip_ratio_low <= 1 (any size for cispo) and clip_ratio_high >= 0, got "
+            f"{clip_ratio_low}, {clip_ratio_high}"
         )
     if log_probs.shape != old_log_probs.shape or log_probs.shape != response_mask.shape:
         raise ValueError(
             f"log_probs {tuple(log_probs.shape)}, old_log_probs {tuple(old_log_probs.shape)} and "
             f"response_mask {tuple(response_mask.shape)} must all be [B, T]"
         )
-    advantages = advantages.detach().to(log_probs.dtype)
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1).expand_as(log_probs)
-    elif advantages.shape != log_probs.shape:
-        raise ValueError(f"advantages must be [B] or [B, T], got {tuple(advantages.shape)}")
-
-    log_ratio = torch.clamp(log_probs - old_log_probs.detach(), min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    clip_loss = torch.maximum(unclipped, clipped)
-    dual_bound = -advantages * clip_ratio_c
-    losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
-
+    advantages = _token_advantages(advantages, log_probs)
+    old_log_probs = old_log_probs.detach()
+    clips = {"clip_ratio_low": clip_ratio_low, "clip_ratio_high": clip_ratio_high}
+    if loss_mode == "vanilla":
+        losses, metrics = _vanilla_losses(
+            log_probs, old_log_probs, advantages, response_mask, clip_ratio_c=clip_ratio_c, **clips
+        )
+    elif loss_mode == "gspo":
+        if loss_agg_mode != "seq-mean-token-mean":
+            raise ValueError(
+                f"GSPO's objective is the sequence mean of token means; got loss_agg_mode={loss_agg_mode!r}"
+            )
+        losses, metrics = _gspo_losses(log_probs, old_log_probs, advantages, response_mask, **clips)
+    elif loss_mode == "cispo":
+        losses, metrics = _cispo_losses(log_probs, old_log_probs, advantages, response_mask, **clips)
+    else:
+        raise ValueError(f"unknown policy loss mode {loss_mode!r}; use one of {list(POLICY_LOSS_MODES)}")
+    if is_weights is not None:
+        if is_weights.shape != log_probs.shape:
+            raise ValueError(f"is_weights must be [B, T] like log_probs, got {tuple(is_weights.shape)}")
+        losses = losses * is_weights.detach().to(losses.dtype)
     loss = aggregate_loss(
         losses,
         response_mask,
@@ -250,14 +362,6 @@ def policy_loss(
         dp_size=dp_size,
         loss_scale_factor=loss_scale_factor,
     )
-    with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": masked_mean((clipped > unclipped).to(log_probs.dtype), response_mask),
-            "pg_clipfrac_lower": masked_mean(
-                ((clip_loss > dual_bound) & (advantages < 0)).to(log_probs.dtype), response_mask
-            ),
-            "ppo_kl": masked_mean(-log_ratio, response_mask),
-        }
     return loss, metrics
 
 

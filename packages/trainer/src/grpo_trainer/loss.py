@@ -53,7 +53,9 @@ class LossScale:
             t, s = grpo_math.loss_denominators(mask)
             tokens, seqs = tokens + t, seqs + s
         totals = all_reduce_sum(torch.tensor([tokens, seqs], dtype=torch.float64))
-        global_tokens, global_seqs = (int(v) for v in totals.tolist())
+        # A mini-batch whose every token is masked out (rollout rejection, overlong filtering) has a
+        # zero loss; a denominator of 1 keeps it finite.
+        global_tokens, global_seqs = (max(int(v), 1) for v in totals.tolist())
         return cls(global_tokens=global_tokens, global_seqs=global_seqs, dp_size=dp_size)
 
 
@@ -70,6 +72,7 @@ class GRPOLoss:
         clip_ratio_high: float,
         clip_ratio_c: float,
         loss_agg_mode: str,
+        loss_mode: str = "vanilla",
         entropy_coeff: float,
         kl_coef: float | None,
         kl_type: str,
@@ -85,6 +88,7 @@ class GRPOLoss:
         self.clip_ratio_high = clip_ratio_high
         self.clip_ratio_c = clip_ratio_c
         self.loss_agg_mode = loss_agg_mode
+        self.loss_mode = loss_mode
         self.entropy_coeff = entropy_coeff
         self.kl_coef = kl_coef  # None: no KL term (actor.use_kl_loss=false)
         self.kl_type = kl_type
@@ -98,6 +102,7 @@ class GRPOLoss:
             clip_ratio_high=actor.clip_ratio_high,
             clip_ratio_c=actor.clip_ratio_c,
             loss_agg_mode=actor.loss_agg_mode,
+            loss_mode=actor.policy_loss.loss_mode,
             entropy_coeff=actor.entropy_coeff,
             kl_coef=actor.kl_loss_coef if actor.use_kl_loss else None,
             kl_type=actor.kl_loss_type,
@@ -146,6 +151,8 @@ class GRPOLoss:
             clip_ratio_low=self.clip_ratio_low,
             clip_ratio_high=self.clip_ratio_high,
             clip_ratio_c=self.clip_ratio_c,
+            loss_mode=self.loss_mode,
+            is_weights=None if micro.rollout_is_weights is None else micro.rollout_is_weights.to(device),
             loss_agg_mode=self.loss_agg_mode,
             **self._scale_kwargs(scale),
         )

@@ -57,6 +57,8 @@ class PolicyBatch:
     advantages: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
+    # Rollout correction's truncated importance weights [B, T], multiplying each token's policy loss.
+    rollout_is_weights: torch.Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -108,7 +110,7 @@ class PolicyBackend(Protocol):
     def log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
         """Per micro-batch, {"log_probs": [B, T]} (and "entropy" when asked), float32 on the CPU,
         without gradient, under the policy or, with `ref`, the frozen reference policy (built only
-        when actor.use_kl_loss)."""
+        for a KL loss or KL in the reward)."""
         ...
 
     def forward_backward(self, micros: Sequence[PolicyBatch], loss_fn: MicroLoss) -> torch.Tensor:

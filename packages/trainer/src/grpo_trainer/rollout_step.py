@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from grpo_trainer.data import PromptItem
@@ -21,10 +22,38 @@ class Rollout:
     generations: list[Generation]
     group_ids: list[int]  # sequences of the same prompt share an id
 
+    def take(self, indices: Sequence[int]) -> Rollout:
+        return Rollout(
+            items=[self.items[i] for i in indices],
+            generations=[self.generations[i] for i in indices],
+            group_ids=[self.group_ids[i] for i in indices],
+        )
 
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """A distinct, reproducible sampling seed per (run seed, step, rank)."""
-    return (seed * 1_000_003 + step * 10_007 + rank * 101) % (2**31 - 1)
+    @classmethod
+    def concat(cls, parts: Sequence[Rollout]) -> Rollout:
+        """One rollout of `parts` in order; group ids renumbered so that groups stay apart."""
+        out = cls(items=[], generations=[], group_ids=[])
+        offset = 0
+        for part in parts:
+            out.items += part.items
+            out.generations += part.generations
+            out.group_ids += [offset + g for g in part.group_ids]
+            offset += max(part.group_ids, default=-1) + 1
+        return out
+
+
+def step_seed(seed: int, step: int, rank: int, round_index: int = 0) -> int:
+    """A distinct, reproducible sampling seed per (run seed, step, rank, generation round)."""
+    return (seed * 1_000_003 + step * 10_007 + rank * 101 + round_index * 7_000_009) % (2**31 - 1)
+
+
+def groups_with_spread(values: Sequence[float], group_ids: Sequence[int]) -> list[int]:
+    """The groups DAPO's dynamic sampling keeps, in first-seen order: those whose `values` are not
+    all equal (population std > 0) and those of a single response, as verl's `filter_groups`."""
+    by_group: dict[int, list[float]] = {}
+    for group, value in zip(group_ids, values, strict=True):
+        by_group.setdefault(group, []).append(float(value))
+    return [g for g, vs in by_group.items() if len(vs) == 1 or float(np.std(vs)) > 0]
 
 
 def split_ranks(values: Sequence[Any], parts: int) -> list[list[Any]]:

@@ -1,7 +1,9 @@
 """The GRPO loop. One step, top to bottom, as the algorithm reads (`_Run.train_step`):
 
-    generate -> reward -> advantages -> old log-probs -> ref log-probs -> update (ppo_epochs x
-    mini-batches) -> weight sync -> metrics; then validation and checkpoint when due.
+    generate -> reward (-> overlong shaping; dynamic sampling: drop equal-reward groups, generate
+    more) -> old log-probs -> ref log-probs (-> KL penalty in the reward) -> advantages -> loss mask
+    and weights (overlong filtering, rollout correction) -> update (ppo_epochs x mini-batches) ->
+    weight sync -> metrics; then validation and checkpoint when due.
 
 The driver (this process) holds data, rewards, advantages and metrics; the policy and its rollout
 engine live in Ray worker actors, reached through the typed facade `policy_workers.PolicyWorkers`.
@@ -10,9 +12,10 @@ Each phase's wall time is logged as `timing/<phase>_s` (as verl's `timing_s/*`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +34,14 @@ from grpo_trainer.data import PromptDataset, PromptItem, ResumableSampler
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.metrics import MetricsLogger, plot_metrics
 from grpo_trainer.policy_workers import PolicyWorkers
-from grpo_trainer.protocols import Generation, SamplingParams
-from grpo_trainer.rewards import RewardManager
+from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
+from grpo_trainer.reward_shaping import KLController, kl_reward_penalty, overlong_penalty
+from grpo_trainer.rewards import RewardManager, RewardResult
+from grpo_trainer.rollout_correction import RolloutCorrection, mismatch_metrics
 from grpo_trainer.rollout_step import (
+    Rollout,
     gather_rollout,
+    groups_with_spread,
     reward_items,
     rollout_metrics,
     seeded_per_rank,
@@ -69,7 +76,46 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.metrics[f"timing/{phase}_s"] = time.perf_counter() - started
+            key = f"timing/{phase}_s"  # summed over the rounds of dynamic sampling
+            self.metrics[key] = self.metrics.get(key, 0.0) + time.perf_counter() - started
+
+
+@dataclass(kw_only=True)
+class Sampled:
+    """A step's responses with their scores (the reward function's) and rewards (after overlong
+    shaping), [B] each, and the sampling metrics."""
+
+    rollout: Rollout
+    scored: RewardResult
+    scores: torch.Tensor
+    rewards: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def take(self, indices: Sequence[int]) -> Sampled:
+        index = torch.tensor(list(indices), dtype=torch.long)
+        return Sampled(
+            rollout=self.rollout.take(indices),
+            scored=self.scored,
+            scores=self.scores.index_select(0, index),
+            rewards=self.rewards.index_select(0, index),
+            metrics=dict(self.metrics),
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[Sampled]) -> Sampled:
+        scored = RewardResult(
+            scores=[x for p in parts for x in p.scores.tolist()],
+            n_errors=sum(p.scored.n_errors for p in parts),
+            n_timeouts=sum(p.scored.n_timeouts for p in parts),
+            n_unknown_source=sum(p.scored.n_unknown_source for p in parts),
+        )
+        return cls(
+            rollout=Rollout.concat([p.rollout for p in parts]),
+            scored=scored,
+            scores=torch.cat([p.scores for p in parts]),
+            rewards=torch.cat([p.rewards for p in parts]),
+            metrics=parts[-1].metrics if parts else {},
+        )
 
 
 # data.truncation -> PromptDataset's overlong mode (used when data.filter_overlong_prompts=false).
@@ -107,8 +153,13 @@ class _Run:
             PromptDataset(data.val_files, self.tokenizer, **dataset_args) if data.val_files else None
         )
         self.sampler = ResumableSampler(
-            len(self.train_data), batch_size=data.train_batch_size, seed=data.seed, shuffle=data.shuffle
+            len(self.train_data),
+            batch_size=data.gen_batch_size or data.train_batch_size,
+            seed=data.seed,
+            shuffle=data.shuffle,
         )
+        self.kl_controller = KLController(cfg.algorithm.kl_ctrl)
+        self.correction = RolloutCorrection(cfg.algorithm.rollout_correction)
         self.total_steps = cfg.total_training_steps or cfg.total_epochs * len(self.sampler)
         self.rewards = RewardManager(
             cfg.reward.timeout_s, cfg.reward.custom_fn, num_workers=cfg.reward.num_workers
@@ -125,40 +176,48 @@ class _Run:
         return self.workers
 
     # -- the step ---------------------------------------------------------------------------------
-    def train_step(self, prompts: list[PromptItem]) -> dict[str, float]:
+    def train_step(self, next_prompts: Callable[[], list[PromptItem]]) -> dict[str, float]:
+        """One GRPO step on `next_prompts()` (called again for each further generation round of
+        dynamic sampling)."""
         cfg, workers, timer = self.cfg, self._workers(), PhaseTimer()
         started = time.perf_counter()
 
-        chunks = split_ranks(prompts, self.replicas.count)
-        params = self.sampling_params(validation=False)
-        seeds = [step_seed(cfg.seed, self.step, replica) for replica in range(self.replicas.count)]
-        with timer("generate"):
-            outputs = self.generate(chunks, seeded_per_rank(params, seeds))
-        rollout = gather_rollout(chunks, outputs, n=params.n)
-
-        with timer("reward"):
-            texts = self.decode([g.token_ids for g in rollout.generations])
-            scored = self.rewards.score(reward_items(rollout.items, texts))
-            rewards = torch.tensor(scored.scores, dtype=torch.float32)
-
-        with timer("advantages"):
-            advantages = self.advantages(rewards, rollout.group_ids)
-
+        sampled = self.sample(next_prompts, timer)
+        rollout = sampled.rollout
         batch = pad_rows(
             [item.prompt_ids for item in rollout.items],
             [g.token_ids for g in rollout.generations],
             pad_token_id=self.pad_token_id,
             rollout_log_probs=[g.logprobs for g in rollout.generations],
         )
-        batch.advantages = advantages
         num_mini_batches = cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size
         shards = dp_row_split(len(rollout.generations), num_mini_batches=num_mini_batches, dp_size=workers.dp_size)
 
         with timer("old_log_probs"):
             batch.old_log_probs = workers.log_probs(batch, shards)
-        if cfg.actor.use_kl_loss:
+        if cfg.uses_reference_model:
             with timer("ref_log_probs"):
                 batch.ref_log_probs = workers.log_probs(batch, shards, ref=True)
+
+        metrics = dict(sampled.metrics)
+        final_rewards = sampled.rewards
+        if cfg.algorithm.use_kl_in_reward:
+            assert batch.ref_log_probs is not None
+            penalty, kl_metrics = kl_reward_penalty(
+                batch.old_log_probs,
+                batch.ref_log_probs,
+                batch.response_mask,
+                kind=cfg.algorithm.kl_penalty,
+                controller=self.kl_controller,
+            )
+            final_rewards = final_rewards - penalty.to(final_rewards.dtype)
+            metrics.update(kl_metrics)
+        with timer("advantages"):
+            batch.advantages = self.advantages(final_rewards, rollout.group_ids)
+
+        rollout_log_probs = batch.extra["rollout_log_probs"]
+        positions = batch.response_mask  # every response token (the loss mask may lose some next)
+        metrics.update(self.correct(batch, rollout))
 
         with timer("update"):
             update = workers.update(batch, shards, num_mini_batches=num_mini_batches, ppo_epochs=cfg.actor.ppo_epochs)
@@ -166,15 +225,115 @@ class _Run:
         with timer("weight_sync"):
             workers.sync_weights()
 
-        metrics = rollout_metrics(rollout, rewards=rewards, advantages=advantages, scored=scored)
+        metrics.update(
+            rollout_metrics(
+                rollout, rewards=sampled.scores, advantages=batch.advantages, scored=sampled.scored
+            )
+        )
+        if not torch.equal(final_rewards, sampled.scores):
+            metrics["reward/final_mean"] = float(final_rewards.mean())
         metrics.update({f"actor/{name}": value for name, value in update.items()})
-        mask = batch.response_mask
-        drift = (batch.old_log_probs - batch.extra["rollout_log_probs"]).abs()
-        metrics["rollout/logprob_abs_diff"] = float(grpo_math.masked_mean(drift, mask))
+        drift = (batch.old_log_probs - rollout_log_probs).abs()
+        metrics["rollout/logprob_abs_diff"] = float(grpo_math.masked_mean(drift, positions))
+        metrics.update(mismatch_metrics(batch.old_log_probs, rollout_log_probs, positions))
         elapsed = time.perf_counter() - started
         metrics.update(timer.metrics)
         metrics["timing/step_s"] = elapsed
         metrics["perf/tokens_per_s"] = float(batch.attention_mask.sum()) / max(elapsed, 1e-9)
+        return metrics
+
+    def sample(self, next_prompts: Callable[[], list[PromptItem]], timer: PhaseTimer) -> Sampled:
+        """Generate and score one batch of prompts; with dynamic sampling (algorithm.filter_groups)
+        drop the groups whose rewards are all equal and generate more until `data.train_batch_size`
+        prompts are kept (the first ones kept), within `max_num_gen_batches` rounds."""
+        cfg = self.cfg
+        groups = cfg.algorithm.filter_groups
+        wanted = cfg.data.train_batch_size
+        parts: list[Sampled] = []
+        kept = dropped = generated = 0
+        generated_rewards: list[torch.Tensor] = []
+        for round_index in itertools.count():
+            part = self.sample_round(next_prompts(), round_index, timer)
+            if not groups.enable:
+                return part
+            generated_rewards.append(part.scores)
+            values = part.scores if groups.metric in ("acc", "score") else part.rewards
+            keep = set(groups_with_spread(values.tolist(), part.rollout.group_ids))
+            total = len(set(part.rollout.group_ids))
+            generated += total
+            dropped += total - len(keep)
+            kept += len(keep)
+            parts.append(part.take([i for i, g in enumerate(part.rollout.group_ids) if g in keep]))
+            if kept >= wanted:
+                break
+            limit = groups.max_num_gen_batches
+            if limit > 0 and round_index + 1 >= limit:
+                raise RuntimeError(
+                    f"dynamic sampling kept {kept} of the {wanted} prompts a step needs after "
+                    f"{round_index + 1} generation rounds (algorithm.filter_groups.max_num_gen_batches="
+                    f"{limit}); {dropped} of {generated} groups had equal rewards for every response. The "
+                    "prompts may be too easy or too hard for the policy: raise max_num_gen_batches (0: no "
+                    "limit), data.gen_batch_size, or rollout.n."
+                )
+        merged = Sampled.concat(parts)
+        first_groups = sorted(set(merged.rollout.group_ids), key=merged.rollout.group_ids.index)[:wanted]
+        chosen = set(first_groups)
+        result = merged.take([i for i, g in enumerate(merged.rollout.group_ids) if g in chosen])
+        result.metrics.update(
+            {
+                "train/num_gen_batches": float(round_index + 1),
+                "dynamic_sampling/groups_generated": float(generated),
+                "dynamic_sampling/groups_dropped": float(dropped),
+                "dynamic_sampling/groups_kept_unused": float(kept - wanted),
+                "dynamic_sampling/reward_mean_generated": float(torch.cat(generated_rewards).mean()),
+            }
+        )
+        return result
+
+    def sample_round(self, prompts: list[PromptItem], round_index: int, timer: PhaseTimer) -> Sampled:
+        cfg = self.cfg
+        chunks = split_ranks(prompts, self.replicas.count)
+        params = self.sampling_params(validation=False)
+        seeds = [
+            step_seed(cfg.seed, self.step, replica, round_index) for replica in range(self.replicas.count)
+        ]
+        with timer("generate"):
+            outputs = self.generate(chunks, seeded_per_rank(params, seeds))
+        rollout = gather_rollout(chunks, outputs, n=params.n)
+        with timer("reward"):
+            texts = self.decode([g.token_ids for g in rollout.generations])
+            scored = self.rewards.score(reward_items(rollout.items, texts))
+        scores = torch.tensor(scored.scores, dtype=torch.float64)
+        rewards, metrics = scores, {}
+        buffer = cfg.reward.overlong_buffer
+        if buffer.enable:
+            lengths = torch.tensor([len(g.token_ids) for g in rollout.generations])
+            penalty = overlong_penalty(
+                lengths, budget=self.max_tokens, buffer_len=buffer.len, penalty_factor=buffer.penalty_factor
+            )
+            rewards = scores + penalty
+            if buffer.log:
+                metrics = {
+                    "reward/overlong_penalty_mean": float(penalty.mean()),
+                    "reward/overlong_fraction": float((penalty < 0).double().mean()),
+                }
+        return Sampled(rollout=rollout, scored=scored, scores=scores, rewards=rewards, metrics=metrics)
+
+    def correct(self, batch: PolicyBatch, rollout: Rollout) -> dict[str, float]:
+        """The loss mask and weights of the update: overlong filtering and rollout correction."""
+        metrics: dict[str, float] = {}
+        if self.cfg.algorithm.overlong_filter:
+            cut = torch.tensor([g.finish_reason == "length" for g in rollout.generations])
+            batch.response_mask = batch.response_mask * (~cut).to(batch.response_mask.dtype).unsqueeze(-1)
+            metrics["rollout/overlong_filtered_fraction"] = float(cut.double().mean())
+        if self.correction.enabled:
+            assert batch.old_log_probs is not None
+            fix = self.correction.apply(
+                batch.old_log_probs, batch.extra["rollout_log_probs"], batch.response_mask
+            )
+            batch.response_mask = fix.response_mask
+            batch.rollout_is_weights = fix.is_weights
+            metrics.update(fix.metrics)
         return metrics
 
     def generate(
@@ -241,6 +400,8 @@ class _Run:
         resumed = self._workers().load(path)
         self.resumed_metrics = resumed.trainer_state.get("metrics")
         self.step = int(resumed.trainer_state["global_step"])
+        if "kl_controller" in resumed.trainer_state:
+            self.kl_controller.load_state_dict(resumed.trainer_state["kl_controller"])
         self.reward_history = {int(k): float(v) for k, v in resumed.trainer_state.get("rewards", {}).items()}
         if resumed.dataloader_state is not None:
             self.sampler.load_state_dict(resumed.dataloader_state)
@@ -255,6 +416,7 @@ class _Run:
             "total_steps": self.total_steps,
             "rewards": {str(k): v for k, v in self.reward_history.items()},
             "metrics": metrics,
+            "kl_controller": self.kl_controller.state_dict(),
         }
         return self._workers().save(
             self.step, trainer_state=trainer_state, dataloader_state=self.sampler.state_dict()
@@ -315,8 +477,7 @@ def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) 
         batches = _batches(run.sampler)
         with tqdm(total=run.total_steps, initial=run.step, desc="train", unit="step", disable=None) as bar:
             while run.step < run.total_steps:
-                prompts = [run.train_data[i] for i in next(batches)]
-                metrics = run.train_step(prompts)
+                metrics = run.train_step(lambda: [run.train_data[i] for i in next(batches)])
                 run.step += 1
                 run.reward_history[run.step] = metrics["reward/mean"]
                 timer = PhaseTimer()

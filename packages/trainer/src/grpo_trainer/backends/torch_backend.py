@@ -44,7 +44,7 @@ class TorchBackend:
         actor = cfg.actor
         self.module = load_causal_lm(actor.model_path, device=device, trust_remote_code=actor.trust_remote_code)
         self.ref_module: torch.nn.Module | None = None
-        if actor.use_kl_loss:
+        if cfg.uses_reference_model:
             ref_path = cfg.ref.model_path or actor.model_path
             self.ref_module = (
                 copy.deepcopy(self.module)

@@ -53,7 +53,7 @@ class MegatronBackend:
         policy: BuiltPolicy | None = None,
         ref: BuiltPolicy | None = None,
     ) -> None:
-        """Builds the policy (and the reference model when actor.use_kl_loss) from
+        """Builds the policy (and the reference model for a KL loss or KL in the reward) from
         `cfg.actor.model_path` unless given. `device` is accepted for `make_backend`; the device is
         the accelerator this process was given (LOCAL_RANK)."""
         kind = resolve_device_kind(cfg)
@@ -154,7 +154,9 @@ class MegatronBackend:
     def _log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
         built = self.ref if ref else self.policy
         if built is None:
-            raise ValueError("no reference model: it is only built when actor.use_kl_loss=true")
+            raise ValueError(
+                "no reference model: it is only built when actor.use_kl_loss or algorithm.use_kl_in_reward"
+            )
         model = built.model
         if not micros:
             return []
@@ -262,7 +264,7 @@ class MegatronBackend:
 def _build_models(
     cfg: TrainerConfig, *, model_path: str, kind: DeviceKind
 ) -> tuple[BuiltPolicy, BuiltPolicy | None]:
-    """The policy and, with actor.use_kl_loss, the frozen reference (build_policy imports the
+    """The policy and, with a KL loss or KL in the reward, the frozen reference (build_policy imports the
     Megatron stack first, MindSpeed's adaptor on NPU)."""
     if cfg.parallel.cp > 1:
         raise ValueError(
@@ -270,7 +272,7 @@ def _build_models(
         )
     policy = build_policy(cfg, model_path=model_path, kind=kind)
     ref = None
-    if cfg.actor.use_kl_loss:
+    if cfg.uses_reference_model:
         ref_path = cfg.ref.model_path or model_path
         ref = build_policy(cfg, model_path=ref_path, megatron=cfg.ref.megatron, trainable=False, kind=kind)
     return policy, ref

@@ -1,0 +1,222 @@
+"""Rollout-training mismatch correction, as verl's `rollout_corr_helper` defines it (decoupled mode).
+
+The rollout engine samples with its own kernels (and, for MoE, its own expert routing), so its
+log-probs `log pi_rollout` differ from the training policy's at rollout time (`log pi_old`, the
+old log-probs). Per token `lr = log pi_old - log pi_rollout`:
+
+- truncated importance sampling (TIS, `rollout_is`): every token's policy loss is multiplied by
+  `min(w, threshold)`, `w = exp(lr)` per token or `exp(sum_t lr)` per sequence (detached);
+- rejection sampling / masked IS (MIS, `rollout_rs`): tokens or whole sequences whose statistic of
+  `lr` is out of bounds (`grpo_config.rejection`) leave the loss mask.
+
+Every function is pure torch on `[B, T]` tensors; metric names are verl's, under `rollout_corr/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_config.rejection import RejectionOption, parse_rejection
+from grpo_config.schema import RolloutCorrectionConfig
+from grpo_trainer.grpo_math import masked_mean, masked_sum
+
+SAFETY_BOUND = 20.0
+PREFIX = "rollout_corr/"
+
+
+def _seq_masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per row: the mean of `x` over its masked tokens (verl's `masked_mean(..., axis=-1)`)."""
+    return masked_sum(x, mask, dim=-1) / (mask.sum(dim=-1) + 1e-8)
+
+
+def mismatch_metrics(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the training policy's (verl's off-policy
+    diagnostics): perplexities, KL(rollout || old) as k1 and k3, per-sequence log-perplexity gaps,
+    chi-squared divergences; plus the largest absolute per-token gap (`max_abs_log_prob_diff`)."""
+    mask = mask.to(old.dtype)
+    valid = mask.sum(dim=-1) > 0
+    lr = old - rollout
+    old_mean = _seq_masked_mean(old, mask)[valid]
+    roll_mean = _seq_masked_mean(rollout, mask)[valid]
+    gap = roll_mean - old_mean
+    clamped = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    seq_lr = masked_sum(clamped, mask, dim=-1)[valid].clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    abs_diff = torch.where(mask > 0, lr.abs(), torch.zeros_like(lr))
+    values = {
+        "training_ppl": torch.exp(-old_mean).mean(),
+        "training_log_ppl": (-old_mean).mean(),
+        "rollout_ppl": torch.exp(-roll_mean).mean(),
+        "rollout_log_ppl": (-roll_mean).mean(),
+        "kl": masked_mean(rollout - old, mask),
+        "k3_kl": masked_mean(torch.exp(lr) - lr - 1, mask),
+        "log_ppl_diff": gap.mean(),
+        "log_ppl_abs_diff": gap.abs().mean(),
+        "log_ppl_diff_max": gap.max(),
+        "log_ppl_diff_min": gap.min(),
+        "ppl_ratio": torch.exp(gap).mean(),
+        "chi2_token": masked_mean(torch.exp(clamped).square(), mask) - 1,
+        "chi2_seq": torch.exp(2 * seq_lr).mean() - 1,
+        "max_abs_log_prob_diff": abs_diff.max(),
+    }
+    return {PREFIX + name: float(value) for name, value in values.items()}
+
+
+def importance_weights(
+    old: torch.Tensor,
+    rollout: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    level: str,
+    threshold: float,
+    batch_normalize: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights `min(w, threshold)` ([B, T], 0 on padding, detached) and their
+    statistics (on `w` before truncation, as verl's). `level` "token": `w_t = exp(lr_t)`;
+    "sequence": every token of a sequence takes `exp(sum_t lr_t)`. With `batch_normalize` the
+    truncated weights are divided by their mean (tokens, or sequences), so may exceed the cap."""
+    if level not in ("token", "sequence"):
+        raise ValueError(f"rollout_is must be 'token' or 'sequence', got {level!r}")
+    if threshold <= 0:
+        raise ValueError(f"rollout_is_threshold must be positive, got {threshold}")
+    mask = mask.to(old.dtype)
+    lr = (old - rollout).detach()
+    seq_log = masked_sum(lr, mask, dim=-1)
+    if level == "token":
+        log_w = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    else:
+        log_w = seq_log.clamp(-SAFETY_BOUND, SAFETY_BOUND).unsqueeze(-1).expand_as(lr)
+    weights = torch.exp(log_w) * mask
+    low = 1.0 / threshold
+    valid = mask > 0
+    metrics = {"rollout_is_mean": masked_mean(weights, mask)}
+    if level == "token":
+        metrics["rollout_is_max"] = weights[valid].max() if valid.any() else weights.new_zeros(())
+        metrics["rollout_is_min"] = weights[valid].min() if valid.any() else weights.new_zeros(())
+        metrics["rollout_is_ratio_fraction_high"] = masked_mean((weights > threshold).to(lr.dtype), mask)
+        metrics["rollout_is_ratio_fraction_low"] = masked_mean((weights < low).to(lr.dtype), mask)
+    else:
+        metrics["rollout_is_max"] = torch.exp(seq_log.max().clamp(max=SAFETY_BOUND))
+        metrics["rollout_is_min"] = torch.exp(seq_log.min().clamp(min=-SAFETY_BOUND))
+        metrics["rollout_is_ratio_fraction_high"] = (
+            (seq_log > torch.log(torch.tensor(threshold))).to(lr.dtype).mean()
+        )
+        metrics["rollout_is_ratio_fraction_low"] = (
+            (seq_log < torch.log(torch.tensor(low))).to(lr.dtype).mean()
+        )
+    bounded = weights.clamp(low, threshold)
+    mean_b = masked_mean(bounded, mask)
+    metrics["rollout_is_std"] = (
+        torch.sqrt((masked_mean(bounded.square(), mask) - mean_b.square()).clamp(min=0))
+        if mask.sum() > 1
+        else weights.new_zeros(())
+    )
+    normalised = bounded / (mean_b + 1e-8)
+    metrics["rollout_is_eff_sample_size"] = 1.0 / masked_mean(normalised.square(), mask)
+    per_seq = _seq_masked_mean(weights, mask)
+    metrics["rollout_is_seq_mean"] = per_seq.mean()
+    metrics["rollout_is_seq_max_deviation"] = (per_seq - 1).abs().max()
+    truncated = weights.clamp(max=threshold)
+    if batch_normalize:
+        if level == "token":
+            factor = masked_mean(truncated, mask)
+        else:
+            has_tokens = mask.sum(dim=-1) > 0
+            factor = _seq_masked_mean(truncated, mask)[has_tokens].mean()
+        if factor > 1e-8:
+            truncated = truncated / factor
+        else:
+            factor = torch.ones(())
+        metrics["rollout_is_batch_norm_factor"] = factor
+    return truncated.detach(), {PREFIX + name: float(value) for name, value in metrics.items()}
+
+
+def _statistic(lr: torch.Tensor, stat: str) -> torch.Tensor:
+    if stat == "k1":
+        return -lr
+    if stat == "k2":
+        return 0.5 * lr.square()
+    return torch.exp(lr) - 1 - lr
+
+
+def rejection_mask(
+    old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, options: list[RejectionOption]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`mask` with the tokens (or whole sequences) rejected by any of `options` set to 0, and the
+    share rejected per option and in all (`rollout_rs_masked_fraction`, of the valid tokens;
+    `rollout_rs_seq_masked_fraction`, of the sequences)."""
+    mask = mask.to(old.dtype)
+    lr = (old - rollout).detach().clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    valid = mask > 0
+    keep_all = torch.ones_like(mask, dtype=torch.bool)
+    metrics: dict[str, torch.Tensor] = {}
+    for option in options:
+        stat = _statistic(lr, option.stat)
+        if option.scope == "token":
+            value = stat
+        elif option.scope == "seq_sum":
+            value = masked_sum(stat, mask, dim=-1).unsqueeze(-1).expand_as(stat)
+        elif option.scope == "seq_mean":
+            value = _seq_masked_mean(stat, mask).unsqueeze(-1).expand_as(stat)
+        else:  # seq_max
+            filled = torch.where(valid, stat, torch.full_like(stat, -torch.inf)).max(dim=-1).values
+            value = (
+                torch.where(valid.any(dim=-1), filled, torch.zeros_like(filled)).unsqueeze(-1).expand_as(stat)
+            )
+        keep = (
+            value <= torch.log(torch.tensor(option.upper)) if option.stat == "k1" else value <= option.upper
+        )
+        if option.lower is not None:
+            keep = keep & (value >= torch.log(torch.tensor(option.lower)))
+        keep_all &= keep
+        name = f"rollout_rs_{option.name}"
+        metrics[f"{name}_mean"] = masked_mean(value, mask)
+        metrics[f"{name}_max"] = value[valid].max() if valid.any() else value.new_zeros(())
+        metrics[f"{name}_min"] = value[valid].min() if valid.any() else value.new_zeros(())
+        metrics[f"{name}_masked_fraction"] = masked_mean((~keep).to(lr.dtype), mask)
+    new_mask = mask * keep_all.to(mask.dtype)
+    rejected = (~keep_all) & valid
+    metrics["rollout_rs_masked_fraction"] = masked_mean(rejected.to(lr.dtype), mask)
+    metrics["rollout_rs_seq_masked_fraction"] = rejected.any(dim=-1).to(lr.dtype).mean()
+    return new_mask, {PREFIX + name: float(value) for name, value in metrics.items()}
+
+
+@dataclass(frozen=True)
+class Correction:
+    response_mask: torch.Tensor  # the loss mask after rejection (the input mask when rollout_rs is off)
+    is_weights: torch.Tensor | None  # [B, T] truncated weights when rollout_is is on
+    metrics: dict[str, float]
+
+
+class RolloutCorrection:
+    """`algorithm.rollout_correction`, parsed once; `apply` corrects one step's batch."""
+
+    def __init__(self, cfg: RolloutCorrectionConfig) -> None:
+        self.cfg = cfg
+        self.options = (
+            parse_rejection(cfg.rollout_rs, cfg.rollout_rs_threshold) if cfg.rollout_rs is not None else []
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.rollout_is is not None or bool(self.options)
+
+    def apply(self, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> Correction:
+        """Weights and rejection both from the input mask (the loss then sees only the kept tokens)."""
+        metrics: dict[str, float] = {}
+        weights = None
+        if self.cfg.rollout_is is not None:
+            weights, is_metrics = importance_weights(
+                old,
+                rollout,
+                mask,
+                level=self.cfg.rollout_is,
+                threshold=self.cfg.rollout_is_threshold,
+                batch_normalize=self.cfg.rollout_is_batch_normalize,
+            )
+            metrics.update(is_metrics)
+        if self.options:
+            mask, rs_metrics = rejection_mask(old, rollout, mask, self.options)
+            metrics.update(rs_metrics)
+        return Correction(response_mask=mask, is_weights=weights, metrics=metrics)
