@@ -38,6 +38,11 @@ HF_EXPORT = "tests/test_checkpoint_hf_export.py"
 MEGATRON_PROVIDER = f"{TRAINER}/megatron/test_megatron_provider.py"
 LANDS_ON_PROVIDER = f"{MEGATRON_PROVIDER}::test_settings_and_overrides_land_on_the_bridge_provider"
 
+ALGO = "tests/test_algorithm_settings.py"
+ALGO_TRAIN = "tests/test_algorithms_train.py::test_every_algorithm_on_writes_its_metrics_and_resumes_its_kl_coefficient"
+DYNAMIC = f"{ALGO}::test_dynamic_sampling_drops_equal_groups_and_generates_until_the_batch_is_full"
+CORRECTION = f"{ALGO}::test_overlong_filtering_and_rollout_correction_shape_the_loss_mask_and_weights"
+
 # leaf -> the tests that show its effect (the first is the main one).
 READ: dict[str, tuple[str, ...]] = {
     "project_name": (TINY_TRAIN,),
@@ -228,6 +233,35 @@ READ: dict[str, tuple[str, ...]] = {
         f"{SETTINGS}::test_the_advantage_settings_shape_grpo_advantages",
         "packages/config/tests/test_validate.py::test_adv_estimator_takes_grpo_or_rloo_and_refuses_the_rest",
     ),
+    "algorithm.use_kl_in_reward": (f"{ALGO}::test_kl_in_reward_settings_shape_the_rewards", ALGO_TRAIN),
+    "algorithm.kl_penalty": (f"{ALGO}::test_kl_in_reward_settings_shape_the_rewards",),
+    "algorithm.kl_ctrl.type": (f"{ALGO}::test_kl_in_reward_settings_shape_the_rewards", ALGO_TRAIN),
+    "algorithm.kl_ctrl.kl_coef": (f"{ALGO}::test_kl_in_reward_settings_shape_the_rewards", ALGO_TRAIN),
+    "algorithm.kl_ctrl.horizon": (f"{ALGO}::test_kl_in_reward_settings_shape_the_rewards", ALGO_TRAIN),
+    "algorithm.kl_ctrl.target_kl": (f"{ALGO}::test_kl_in_reward_settings_shape_the_rewards", ALGO_TRAIN),
+    "algorithm.filter_groups.enable": (DYNAMIC, ALGO_TRAIN),
+    "algorithm.filter_groups.metric": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
+    "algorithm.filter_groups.max_num_gen_batches": (
+        f"{ALGO}::test_dynamic_sampling_stops_with_an_error_at_the_round_limit",
+    ),
+    "data.gen_batch_size": (DYNAMIC, ALGO_TRAIN),
+    "algorithm.overlong_filter": (CORRECTION, ALGO_TRAIN),
+    "algorithm.rollout_correction.rollout_is": (CORRECTION, f"{TRAINER}/test_rollout_correction.py::test_correction_applies_weights_and_mask_from_the_config", ALGO_TRAIN),
+    "algorithm.rollout_correction.rollout_is_threshold": (CORRECTION, f"{TRAINER}/test_rollout_correction.py::test_correction_applies_weights_and_mask_from_the_config"),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": (
+        f"{TRAINER}/test_rollout_correction.py::test_correction_applies_weights_and_mask_from_the_config",
+        f"{TRAINER}/test_rollout_correction.py::test_truncated_weights_and_their_statistics",
+    ),
+    "algorithm.rollout_correction.rollout_rs": (CORRECTION, ALGO_TRAIN),
+    "algorithm.rollout_correction.rollout_rs_threshold": (CORRECTION, ALGO_TRAIN),
+    "reward.overlong_buffer.enable": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not", ALGO_TRAIN),
+    "reward.overlong_buffer.len": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
+    "reward.overlong_buffer.penalty_factor": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
+    "reward.overlong_buffer.log": (f"{ALGO}::test_overlong_shaping_logs_only_when_asked",),
+    "actor.policy_loss.loss_mode": (
+        f"{TRAINER}/test_loss.py::test_the_policy_loss_mode_and_the_rollout_weights_reach_the_policy_term",
+        ALGO_TRAIN,
+    ),
     "reward.custom_fn": (
         "packages/launchers/common/tests/test_tiny_preset.py::test_reward_travels_in_the_config_not_the_registry",
     ),
@@ -343,7 +377,10 @@ REFUSED: dict[str, tuple[list[str], str]] = {
         [*MEGATRON, "ref.megatron.use_dist_checkpointing=true"],
         "cannot be honoured",
     ),
-    "algorithm.use_kl_in_reward": (["algorithm.use_kl_in_reward=true"], "cannot be honoured"),
+    "algorithm.rollout_correction.bypass_mode": (
+        ["algorithm.rollout_correction.bypass_mode=true"],
+        "cannot be honoured",
+    ),
 }
 
 

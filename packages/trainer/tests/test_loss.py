@@ -161,3 +161,35 @@ def test_a_kl_loss_without_reference_log_probs_is_refused() -> None:
     micro.ref_log_probs = None
     with pytest.raises(ValueError, match="no ref_log_probs"):
         _loss().loss(log_probs=log_probs, entropy=entropy, micro=micro, scale=_scale(micro))
+
+
+@pytest.mark.parametrize("loss_mode", ["gspo", "cispo"])
+def test_the_policy_loss_mode_and_the_rollout_weights_reach_the_policy_term(loss_mode) -> None:
+    """actor.policy_loss.loss_mode picks grpo_math's loss; a micro-batch's rollout_is_weights
+    multiply it. No entropy or KL term, so the loss is the policy term alone."""
+    agg = "seq-mean-token-mean" if loss_mode == "gspo" else "token-mean"
+    cfg = grpo_config.load(
+        {"actor": {"policy_loss": {"loss_mode": loss_mode}, "loss_agg_mode": agg, "use_kl_loss": False}}
+    )
+    loss_fn = GRPOLoss.from_config(cfg)
+    assert loss_fn.loss_mode == loss_mode
+    micro, log_probs, entropy = _micro(seed=3)
+    micro.rollout_is_weights = torch.rand(micro.response_mask.shape, generator=torch.Generator().manual_seed(1))
+    loss, _ = loss_fn.loss(log_probs=log_probs, entropy=entropy, micro=micro, scale=_scale(micro))
+    expected, _ = grpo_math.policy_loss(
+        log_probs,
+        micro.old_log_probs,
+        micro.advantages,
+        micro.response_mask,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+        loss_mode=loss_mode,
+        is_weights=micro.rollout_is_weights,
+        loss_agg_mode=agg,
+    )
+    unweighted, _ = grpo_math.policy_loss(
+        log_probs, micro.old_log_probs, micro.advantages, micro.response_mask,
+        clip_ratio_low=0.2, clip_ratio_high=0.2, loss_mode=loss_mode, loss_agg_mode=agg,
+    )
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-7)
+    assert abs(loss.item() - unweighted.item()) > 1e-4

@@ -104,10 +104,7 @@ def _reference_keep(old, rollout, mask, option: str, lower: float | None, upper:
                 value = sum(stats.values()) / len(tokens)
             else:
                 value = max(stats.values())
-            if kind == "k1":
-                ok = math.log(lower) <= value <= math.log(upper)
-            else:
-                ok = value <= upper
+            ok = math.log(lower) <= value <= math.log(upper) if kind == "k1" else value <= upper
             if scope == "token":
                 keep[i, t] = ok
             else:
@@ -208,10 +205,17 @@ def test_correction_applies_weights_and_mask_from_the_config() -> None:
     old, rollout, mask = _batch(seed=4)
     off = RolloutCorrection(RolloutCorrectionConfig())
     assert not off.enabled
-    fix = RolloutCorrection(
-        RolloutCorrectionConfig(rollout_is="sequence", rollout_is_threshold=3.0, rollout_rs="token_k2", rollout_rs_threshold=0.05)
-    ).apply(old, rollout, mask)
-    expected_weights, _ = importance_weights(old, rollout, mask, level="sequence", threshold=3.0)
+    settings = RolloutCorrectionConfig(
+        rollout_is="sequence",
+        rollout_is_threshold=3.0,
+        rollout_is_batch_normalize=True,
+        rollout_rs="token_k2",
+        rollout_rs_threshold=0.05,
+    )
+    fix = RolloutCorrection(settings).apply(old, rollout, mask)
+    expected_weights, _ = importance_weights(old, rollout, mask, level="sequence", threshold=3.0, batch_normalize=True)
+    plain, _ = importance_weights(old, rollout, mask, level="sequence", threshold=3.0)
+    assert not torch.allclose(expected_weights, plain)
     expected_mask, _ = rejection_mask(old, rollout, mask, parse_rejection("token_k2", 0.05))
     assert torch.equal(fix.is_weights, expected_weights)
     assert torch.equal(fix.response_mask, expected_mask)

@@ -200,18 +200,8 @@ class _Run:
                 batch.ref_log_probs = workers.log_probs(batch, shards, ref=True)
 
         metrics = dict(sampled.metrics)
-        final_rewards = sampled.rewards
-        if cfg.algorithm.use_kl_in_reward:
-            assert batch.ref_log_probs is not None
-            penalty, kl_metrics = kl_reward_penalty(
-                batch.old_log_probs,
-                batch.ref_log_probs,
-                batch.response_mask,
-                kind=cfg.algorithm.kl_penalty,
-                controller=self.kl_controller,
-            )
-            final_rewards = final_rewards - penalty.to(final_rewards.dtype)
-            metrics.update(kl_metrics)
+        final_rewards, kl_metrics = self.final_rewards(sampled.rewards, batch)
+        metrics.update(kl_metrics)
         with timer("advantages"):
             batch.advantages = self.advantages(final_rewards, rollout.group_ids)
 
@@ -241,6 +231,22 @@ class _Run:
         metrics["timing/step_s"] = elapsed
         metrics["perf/tokens_per_s"] = float(batch.attention_mask.sum()) / max(elapsed, 1e-9)
         return metrics
+
+    def final_rewards(self, rewards: torch.Tensor, batch: PolicyBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The rewards the advantages read: with algorithm.use_kl_in_reward, less beta times each
+        sequence's KL to the reference (old log-probs against reference log-probs)."""
+        if not self.cfg.algorithm.use_kl_in_reward:
+            return rewards, {}
+        if batch.old_log_probs is None or batch.ref_log_probs is None:
+            raise ValueError("the KL penalty in the reward needs the batch's old and reference log-probs")
+        penalty, metrics = kl_reward_penalty(
+            batch.old_log_probs,
+            batch.ref_log_probs,
+            batch.response_mask,
+            kind=self.cfg.algorithm.kl_penalty,
+            controller=self.kl_controller,
+        )
+        return rewards - penalty.to(rewards.dtype), metrics
 
     def sample(self, next_prompts: Callable[[], list[PromptItem]], timer: PhaseTimer) -> Sampled:
         """Generate and score one batch of prompts; with dynamic sampling (algorithm.filter_groups)

@@ -1,0 +1,238 @@
+"""The algorithm settings the driver reads, on the driver state (`_Run`) of the tiny preset built
+without workers or Ray: DAPO's dynamic sampling (rounds, dropped groups, the limit), overlong
+reward shaping and filtering, and rollout correction's mask and weights on the step's batch.
+
+The rollout engine and the reward function are stood in for by scripted generations and scores,
+so that which groups have equal rewards is known; everything after them is the driver's code."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import grpo_config
+from grpo_launch import tiny_preset
+from grpo_trainer import grpo_math
+from grpo_trainer.batching import pad_rows
+from grpo_trainer.protocols import Generation
+from grpo_trainer.rewards import RewardResult
+from grpo_trainer.trainer import PhaseTimer, _Run
+
+SMALL = [
+    "data.train_batch_size=4",
+    "actor.ppo_mini_batch_size=4",
+    "actor.ppo_micro_batch_size_per_device=4",
+    "rollout.n=2",
+]
+DAPO = [*SMALL, "algorithm.filter_groups.enable=true", "data.gen_batch_size=4"]
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory) -> dict:
+    return tiny_preset(tmp_path_factory.mktemp("algorithms"))
+
+
+@pytest.fixture
+def make_run(preset) -> Iterator:
+    runs: list[_Run] = []
+
+    def make(*overrides: str) -> _Run:
+        run = _Run(grpo_config.load(preset, list(overrides)))
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.rewards.close()
+
+
+def _script(run: _Run, rounds: list[list[float]], lengths: list[list[int]] | None = None) -> list:
+    """Round r's generations get scores `rounds[r]` (n per prompt, prompt order) and, when given,
+    response lengths `lengths[r]`; returns the sampling params each round was called with."""
+    calls: list = []
+    scores = iter(rounds)
+    sizes = iter(lengths) if lengths is not None else None
+
+    def generate(chunks, params):
+        calls.append(params)
+        lens = next(sizes) if sizes is not None else None
+        out, k = [], 0
+        for chunk, p in zip(chunks, params, strict=True):
+            gens = []
+            for prompt_index in range(len(chunk)):
+                for _ in range(p.n):
+                    length = lens[k] if lens else 3
+                    gens.append(Generation(prompt_index=prompt_index, token_ids=[5] * length, logprobs=[-1.0] * length))
+                    k += 1
+            out.append(gens)
+        return out
+
+    run.generate = generate
+    run.rewards.score = lambda items: RewardResult(scores=next(scores)[: len(items)])
+    return calls
+
+
+def _prompts(run: _Run, seen: list | None = None):
+    """The `next_prompts` callable `train()` hands the step, recording each round's prompts."""
+    batches = iter(run.sampler)
+
+    def next_prompts() -> list:
+        prompts = [run.train_data[i] for i in next(batches)]
+        if seen is not None:
+            seen.append(prompts)
+        return prompts
+
+    return next_prompts
+
+
+def test_dynamic_sampling_drops_equal_groups_and_generates_until_the_batch_is_full(make_run) -> None:
+    run = make_run(*DAPO)
+    # 4 prompts x n=2 per round. Round 1 keeps groups 1 and 3; round 2 keeps 0, 1 and 3.
+    calls = _script(run, [[1, 1, 0, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 1]])
+    seen: list = []
+    sampled = run.sample(_prompts(run, seen), PhaseTimer())
+    # The first 4 groups kept, in order: round 1's prompts 1 and 3, round 2's prompts 0 and 1.
+    rollout = sampled.rollout
+    assert len(seen) == 2 and len(rollout.generations) == 4 * 2
+    assert len(set(rollout.group_ids)) == 4
+    expected = [seen[0][1], seen[0][3], seen[1][0], seen[1][1]]
+    assert [it.prompt_ids for it in rollout.items[::2]] == [it.prompt_ids for it in expected]
+    assert sampled.scores.tolist() == [0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    assert sampled.metrics["train/num_gen_batches"] == 2
+    assert sampled.metrics["dynamic_sampling/groups_generated"] == 8
+    assert sampled.metrics["dynamic_sampling/groups_dropped"] == 3
+    assert sampled.metrics["dynamic_sampling/groups_kept_unused"] == 1
+    assert sampled.metrics["dynamic_sampling/reward_mean_generated"] == pytest.approx(9 / 16)
+    # Each round samples with its own seeds.
+    assert [p.seed for p in calls[0]] != [p.seed for p in calls[1]]
+
+
+def test_dynamic_sampling_stops_with_an_error_at_the_round_limit(make_run) -> None:
+    run = make_run(*DAPO, "algorithm.filter_groups.max_num_gen_batches=2")
+    _script(run, [[1, 1, 0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 0, 0]])
+    prompts = _prompts(run)
+    with pytest.raises(RuntimeError, match=r"kept 1 of the 4 prompts .* after 2 generation rounds .* 7 of 8 groups"):
+        run.sample(prompts, PhaseTimer())
+
+
+def test_without_dynamic_sampling_every_group_is_trained(make_run) -> None:
+    run = make_run(*SMALL)
+    _script(run, [[1, 1, 0, 0, 1, 1, 0, 0]])
+    prompts = _prompts(run)
+    sampled = run.sample(prompts, PhaseTimer())
+    assert len(sampled.rollout.generations) == 8 and "train/num_gen_batches" not in sampled.metrics
+
+
+@pytest.mark.parametrize("metric,kept", [("acc", 0), ("seq_reward", 4)])
+def test_the_filter_metric_sees_the_overlong_penalty_or_not(make_run, metric, kept) -> None:
+    """Equal scores, different lengths: only the shaped reward (seq_reward) tells the pair apart."""
+    run = make_run(
+        *DAPO,
+        f"algorithm.filter_groups.metric={metric}",
+        "algorithm.filter_groups.max_num_gen_batches=1",
+        "reward.overlong_buffer.enable=true",
+        "reward.overlong_buffer.len=4",
+        "reward.overlong_buffer.penalty_factor=1.0",
+    )
+    _script(run, [[1.0] * 8], lengths=[[2, 8, 3, 7, 1, 6, 4, 8]])
+    prompts = _prompts(run)
+    if kept == 0:
+        with pytest.raises(RuntimeError, match="kept 0 of the 4"):
+            run.sample(prompts, PhaseTimer())
+        return
+    sampled = run.sample(prompts, PhaseTimer())
+    # budget 8, buffer 4: penalty -(length - 4) / 4 above 4 tokens
+    expected = [1.0 - max(length - 4, 0) / 4 for length in (2, 8, 3, 7, 1, 6, 4, 8)]
+    assert sampled.rewards.tolist() == pytest.approx(expected)
+    assert sampled.scores.tolist() == [1.0] * 8
+
+
+def test_overlong_shaping_logs_only_when_asked(make_run) -> None:
+    shaped = ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2", "reward.overlong_buffer.penalty_factor=0.5"]
+    for log, names in ((False, set()), (True, {"reward/overlong_penalty_mean", "reward/overlong_fraction"})):
+        run = make_run(*SMALL, *shaped, f"reward.overlong_buffer.log={str(log).lower()}")
+        _script(run, [[0.0] * 8], lengths=[[8, 8, 6, 6, 7, 7, 2, 2]])
+        prompts = _prompts(run)
+        sampled = run.sample(prompts, PhaseTimer())
+        assert set(sampled.metrics) == names
+        if log:
+            # budget 8, buffer 2: lengths 8 lose 0.5, 7 lose 0.25, 6 and 2 nothing
+            assert sampled.metrics["reward/overlong_fraction"] == pytest.approx(4 / 8)
+            assert sampled.metrics["reward/overlong_penalty_mean"] == pytest.approx(-1.5 / 8)
+
+
+def _batch_with_log_probs(run: _Run, sampled) -> object:
+    rollout = sampled.rollout
+    batch = pad_rows(
+        [it.prompt_ids for it in rollout.items],
+        [g.token_ids for g in rollout.generations],
+        pad_token_id=0,
+        rollout_log_probs=[g.logprobs for g in rollout.generations],
+    )
+    g = torch.Generator().manual_seed(0)
+    batch.old_log_probs = batch.extra["rollout_log_probs"] + torch.randn(batch.input_ids.shape, generator=g) * 0.5
+    return batch
+
+
+def test_overlong_filtering_and_rollout_correction_shape_the_loss_mask_and_weights(make_run) -> None:
+    run = make_run(
+        *SMALL,
+        "algorithm.overlong_filter=true",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=1.5",
+        "algorithm.rollout_correction.rollout_rs=token_k2",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.1",
+    )
+    _script(run, [[0.0] * 8], lengths=[[8, 3, 8, 2, 5, 8, 1, 4]])
+    prompts = _prompts(run)
+    sampled = run.sample(prompts, PhaseTimer())
+    for gen in sampled.rollout.generations:
+        gen.finish_reason = "length" if len(gen.token_ids) == 8 else "stop"
+    batch = _batch_with_log_probs(run, sampled)
+    positions = batch.response_mask.clone()
+    metrics = run.correct(batch, sampled.rollout)
+    cut = [len(g.token_ids) == 8 for g in sampled.rollout.generations]
+    assert metrics["rollout/overlong_filtered_fraction"] == pytest.approx(3 / 8)
+    for row, was_cut in enumerate(cut):
+        if was_cut:
+            assert batch.response_mask[row].sum() == 0
+    lr = batch.old_log_probs - batch.extra["rollout_log_probs"]
+    kept = (positions > 0) & ~torch.tensor(cut).unsqueeze(-1) & (0.5 * lr.square() <= 0.1)
+    assert torch.equal(batch.response_mask > 0, kept)
+    trained = (positions > 0) & ~torch.tensor(cut).unsqueeze(-1)  # overlong filtering comes first
+    expected = torch.where(trained, torch.exp(lr).clamp(max=1.5), torch.zeros_like(lr))
+    torch.testing.assert_close(batch.rollout_is_weights, expected)
+    assert 0 < metrics["rollout_corr/rollout_rs_masked_fraction"] < 1
+
+
+@pytest.mark.parametrize(
+    "overrides,kind,next_coef",
+    [
+        ([], "kl", 0.05),
+        (["algorithm.kl_penalty=mse"], "mse", 0.05),
+        (
+            ["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0.001", "algorithm.kl_ctrl.horizon=80"],
+            "kl",
+            None,
+        ),
+    ],
+)
+def test_kl_in_reward_settings_shape_the_rewards(make_run, overrides, kind, next_coef) -> None:
+    run = make_run(*SMALL, "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.05", *overrides)
+    _script(run, [[1.0, 0.0] * 4])
+    sampled = run.sample(_prompts(run), PhaseTimer())
+    batch = _batch_with_log_probs(run, sampled)
+    batch.ref_log_probs = batch.old_log_probs + 0.3 * torch.randn(batch.old_log_probs.shape, generator=torch.Generator().manual_seed(1))
+    final, metrics = run.final_rewards(sampled.rewards, batch)
+    per_token = grpo_math.kl_penalty(batch.old_log_probs, batch.ref_log_probs, kind) * batch.response_mask
+    expected = sampled.rewards - 0.05 * per_token.sum(dim=-1).double()
+    torch.testing.assert_close(final, expected)
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.05
+    if next_coef is not None:
+        assert run.kl_controller.value == next_coef
+    else:  # KL far above target: the coefficient grows by 1 + 0.2 * 8 sequences / 80
+        assert run.kl_controller.value == pytest.approx(0.05 * 1.02)
+    off = make_run(*SMALL)
+    assert off.final_rewards(sampled.rewards, batch) == (sampled.rewards, {})
