@@ -144,3 +144,41 @@ def test_a_verl_script_is_read_with_its_shell_variables(tmp_path: Path, monkeypa
     assert settings["actor"] == {"backend": "megatron", "model_path": "/home/u/models/Qwen3.5-35B-A3B"}
     assert "added: actor_rollout_ref.actor.strategy=megatron" in proc.stderr
     assert "4 lines mapped, 0 refused" in proc.stderr and "parallel.tp" in proc.stderr
+
+
+DAPO_GSPO_TIS = """
+algorithm.adv_estimator=grpo
+data.gen_batch_size=24
+data.train_batch_size=8
+algorithm.filter_groups.enable=True
+algorithm.filter_groups.metric=acc
+algorithm.filter_groups.max_num_gen_batches=10
+actor_rollout_ref.actor.policy_loss.loss_mode=gspo
+actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean
+actor_rollout_ref.actor.clip_ratio_low=0.0003
+actor_rollout_ref.actor.clip_ratio_high=0.0004
++reward_model.reward_kwargs.overlong_buffer_cfg.enable=True
++reward_model.reward_kwargs.overlong_buffer_cfg.len=64
++reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0
+reward_model.overlong_buffer.log=False
+algorithm.rollout_correction.rollout_is=token
+algorithm.rollout_correction.rollout_is_threshold=2.0
+actor_rollout_ref.actor.tis_imp_ratio_cap=2.0
+"""
+
+
+def test_an_algorithm_recipe_maps_as_a_whole_and_only_the_legacy_tis_key_is_refused() -> None:
+    """Settings that need one another (dynamic sampling's sizes and its switch, GSPO and its
+    aggregation, the overlong buffer's size and its switch) are judged beside the script's other
+    lines, not each alone."""
+    conversion = convert([line for line in DAPO_GSPO_TIS.splitlines() if line.strip()])
+    assert [line for line, _ in conversion.refused] == ["actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"]
+    assert "rollout_is=token" in conversion.refused[0][1]
+    assert conversion.problems is None
+    settings = conversion.settings
+    assert settings["data"]["gen_batch_size"] == 24
+    assert settings["actor"]["policy_loss"] == {"loss_mode": "gspo"}
+    assert settings["reward"]["overlong_buffer"] == {"enable": True, "len": 64, "penalty_factor": 1.0, "log": False}
+    # A conflict is still refused, with the line that brings it.
+    clash = convert(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.loss_agg_mode=token-mean"])
+    assert [line for line, _ in clash.refused] == ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"]

@@ -9,7 +9,6 @@ line goes to stderr with its reason. Exit status 0 when the YAML loads as it is,
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import shlex
@@ -23,7 +22,6 @@ import yaml
 
 from grpo_config.errors import ConfigError
 from grpo_config.loader import build
-from grpo_config.schema import ParallelConfig
 from grpo_config.serialize import to_dict
 from grpo_config.sources import collect
 from grpo_config.validate import validate, value_problems
@@ -96,9 +94,6 @@ def _place(nested: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-_PARALLEL_KEYS = frozenset(f"parallel.{f.name}" for f in dataclasses.fields(ParallelConfig))
-
-
 def _grpo_keys(line: str) -> set[str]:
     """The grpo keys one override sets (none when it does not map)."""
     try:
@@ -107,15 +102,26 @@ def _grpo_keys(line: str) -> set[str]:
         return set()
 
 
+def _problems(lines: list[str]) -> set[str] | None:
+    """The cross-field problems of `lines` together; None when they do not build."""
+    try:
+        return set(value_problems(build(collect({}, lines))))
+    except ConfigError:
+        return None
+
+
 def _why_refused(line: str, context: list[str]) -> str | None:
-    """None when `line` on its own (after `context`, the inferred lines) maps to a grpo setting with
-    a value grpo honours."""
+    """None when `line` maps to a grpo setting with a value grpo honours beside `context` (the
+    script's other lines that map): refused only for the problems it adds to them, so a setting
+    that needs another one of the script (dynamic sampling's sizes, GSPO's aggregation) is judged
+    with it."""
     try:
         cfg = build(collect({}, [*context, line]))
     except ConfigError as exc:
         return str(exc)
-    problems = value_problems(cfg)
-    return " ".join(problems) if problems else None
+    before = _problems(context) or set()
+    added = [p for p in value_problems(cfg) if p not in before]
+    return " ".join(added) if added else None
 
 
 def last_of_each_key(overrides: Iterable[str]) -> list[str]:
@@ -138,13 +144,14 @@ def convert(overrides: Iterable[str]) -> Conversion:
     if any(k.startswith(_MEGATRON_KEYS) for k in keys) and _STRATEGY not in keys:
         inferred.append(f"{_STRATEGY}=megatron")
     lines = inferred + lines
-    # ref.parallel may only repeat the actor's sizes, so a ref size is checked beside them.
-    actor_sizes = [line for line in lines if _grpo_keys(line) & _PARALLEL_KEYS]
+    mapped = [line for line in lines if _grpo_keys(line)]
     accepted: list[str] = []
     refused: list[tuple[str, str]] = []
     for line in lines:
-        is_ref_size = any(key.startswith("ref.parallel.") for key in _grpo_keys(line))
-        reason = _why_refused(line, [*inferred, *actor_sizes] if is_ref_size else inferred)
+        # The other lines, less those setting the same key (each is judged as if it set it).
+        others = [other for other in mapped if other is not line and not _grpo_keys(other) & _grpo_keys(line)]
+        context = others if _problems(others) is not None else inferred
+        reason = _why_refused(line, context)
         if reason is None:
             accepted.append(line)
         else:

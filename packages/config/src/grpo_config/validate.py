@@ -496,7 +496,8 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
             problems.append(
                 f"{', '.join(changed)}: read with reward.overlong_buffer.enable=true only. Remove them or enable it."
             )
-    elif not 1 <= buffer.len <= (budget := cfg.rollout.max_tokens or cfg.data.max_response_length):
+    elif not 1 <= buffer.len <= (cfg.rollout.max_tokens or cfg.data.max_response_length):
+        budget = cfg.rollout.max_tokens or cfg.data.max_response_length
         problems.append(
             f"reward.overlong_buffer.len={buffer.len} must be between 1 and the response budget {budget} "
             "(rollout.max_tokens, else data.max_response_length): the penalty ramps over the last len tokens."
