@@ -29,6 +29,31 @@ from typing import Any
 from megatron_gpu_train import MEGATRON
 
 PHASES = ("generate", "reward", "old_log_probs", "ref_log_probs", "update", "weight_sync", "step")
+# Runs beside "resident" / "offload" (both plain GRPO): the algorithms, on the real rollout-training
+# mismatch of vLLM (bf16) against the Megatron actor.
+ALGORITHMS: dict[str, list[str]] = {
+    "tis": ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"],
+    "gspo": [
+        "actor.policy_loss.loss_mode=gspo",
+        "actor.loss_agg_mode=seq-mean-token-mean",
+        "actor.clip_ratio_low=0.0003",
+        "actor.clip_ratio_high=0.0004",
+    ],
+    "dapo": [
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=10",
+        "data.gen_batch_size=24",
+        "actor.clip_ratio_high=0.28",
+    ],
+}
+REPORTED = (
+    "rollout_corr/kl",
+    "rollout_corr/max_abs_log_prob_diff",
+    "rollout_corr/rollout_is_mean",
+    "rollout_corr/rollout_is_ratio_fraction_high",
+    "train/num_gen_batches",
+    "dynamic_sampling/groups_dropped",
+)
 
 
 class GpuMemoryPeak:
@@ -86,6 +111,7 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
         "checkpoint.export_hf=false",
         "logging.tensorboard=false",
         "logging.plot=false",
+        *ALGORITHMS.get(name, []),
     ]
     with GpuMemoryPeak() as memory:
         result = train(grpo_config.load(preset, overrides))
@@ -110,7 +136,15 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
         ),
         "logprob_abs_diff_max": max(r["rollout/logprob_abs_diff"] for r in rows.values()),
         "gpu_memory_peak_mib": memory.peak,
+        **{
+            f"{key}_mean": statistics.fmean(r[key] for r in rows.values())
+            for key in REPORTED
+            if key in rows[1]
+        },
     }
+    if "train/num_gen_batches" in rows[1]:
+        summary["gen_rounds_total"] = sum(r["train/num_gen_batches"] for r in rows.values())
+        summary["groups_dropped_total"] = sum(r["dynamic_sampling/groups_dropped"] for r in rows.values())
     print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}), flush=True)
     return summary
 
@@ -119,11 +153,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--runs", default="offload,resident")
+    parser.add_argument("--runs", default="offload,resident", help=f"comma- or +-separated: offload, resident, {', '.join(ALGORITHMS)}")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
-    for name in args.runs.split(","):
+    for name in args.runs.replace("+", ",").split(","):
         try:
             results[name] = run(
                 name, offload=name == "offload", steps=args.steps, workdir=Path(tempfile.mkdtemp())
