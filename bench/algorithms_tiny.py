@@ -4,7 +4,7 @@ itself reports (importance-weight statistics, dynamic sampling's rounds and drop
 
     hatch run python bench/algorithms_tiny.py                 # every variant, 50 steps each
     hatch run python bench/algorithms_tiny.py --only tis gspo --steps 30
-    hatch run python bench/algorithms_tiny.py -- rollout.engine=vllm rollout.dtype=bfloat16   # to every run
+    hatch run python bench/algorithms_tiny.py rollout.engine=vllm rollout.dtype=bfloat16 --only grpo tis   # overrides first
 
 Each variant runs in its own process (its own Ray cluster) under a fresh folder; the table is
 printed at the end with the command lines, to paste into docs/benchmarks.md.
@@ -76,7 +76,7 @@ def run_variant(name: str, overrides: list[str], *, steps: int, workdir: Path) -
         "reward_last10": _mean(records, "reward/mean", last),
         "val_last": next((records[s]["val/reward_mean"] for s in sorted(records, reverse=True) if "val/reward_mean" in records[s]), float("nan")),
         "step_s": statistics.median(records[s]["timing/step_s"] for s in records if s > 1),
-        "logprob_gap": _mean(records, "rollout_corr/max_abs_log_prob_diff", range(1, steps + 1)),
+        "logprob_gap": _mean(records, "rollout_corr/max_abs_log_prob_diff", range(1, steps + 1)),  # per step max
     }
     if "rollout_corr/rollout_is_mean" in records[1]:
         row["is_mean"] = _mean(records, "rollout_corr/rollout_is_mean", range(1, steps + 1))
@@ -87,6 +87,8 @@ def run_variant(name: str, overrides: list[str], *, steps: int, workdir: Path) -
         row["generated"] = sum(records[s]["dynamic_sampling/groups_generated"] for s in records)
         row["rounds_first10"] = sum(records[s]["train/num_gen_batches"] for s in first)
         row["rounds_last10"] = sum(records[s]["train/num_gen_batches"] for s in last)
+        # reward_last10 is over the kept groups (mixed ones); this is over everything generated.
+        row["reward_generated_last10"] = _mean(records, "dynamic_sampling/reward_mean_generated", last)
     if "actor/reward_kl_penalty_coeff" in records[steps]:
         row["kl_coef_last"] = records[steps]["actor/reward_kl_penalty_coeff"]
     return row
@@ -103,7 +105,9 @@ def main() -> None:
         for name in args.only:
             rows[name] = run_variant(name, [*VARIANTS[name], *args.overrides], steps=args.steps, workdir=Path(tmp) / name)
     print(f"\n{args.steps} steps each; extra overrides: {' '.join(args.overrides) or '(none)'}")
-    keys = sorted({k for row in rows.values() for k in row}, key=lambda k: list(next(iter(rows.values()))).index(k) if k in next(iter(rows.values())) else 99)
+    order = ["reward_first10", "reward_last10", "reward_generated_last10", "val_last", "step_s", "logprob_gap",
+             "is_mean", "is_frac_high", "rounds", "rounds_first10", "rounds_last10", "generated", "dropped", "kl_coef_last"]
+    keys = [k for k in order if any(k in row for row in rows.values())]
     print("| variant | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for name, row in rows.items():

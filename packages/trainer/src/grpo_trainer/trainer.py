@@ -114,7 +114,6 @@ class Sampled:
             scored=scored,
             scores=torch.cat([p.scores for p in parts]),
             rewards=torch.cat([p.rewards for p in parts]),
-            metrics=parts[-1].metrics if parts else {},
         )
 
 
@@ -261,7 +260,7 @@ class _Run:
         for round_index in itertools.count():
             part = self.sample_round(next_prompts(), round_index, timer)
             if not groups.enable:
-                return part
+                return self._overlong_metrics(part)
             generated_rewards.append(part.scores)
             values = part.scores if groups.metric in ("acc", "score") else part.rewards
             keep = set(groups_with_spread(values.tolist(), part.rollout.group_ids))
@@ -294,7 +293,7 @@ class _Run:
                 "dynamic_sampling/reward_mean_generated": float(torch.cat(generated_rewards).mean()),
             }
         )
-        return result
+        return self._overlong_metrics(result)
 
     def sample_round(self, prompts: list[PromptItem], round_index: int, timer: PhaseTimer) -> Sampled:
         cfg = self.cfg
@@ -310,20 +309,24 @@ class _Run:
             texts = self.decode([g.token_ids for g in rollout.generations])
             scored = self.rewards.score(reward_items(rollout.items, texts))
         scores = torch.tensor(scored.scores, dtype=torch.float64)
-        rewards, metrics = scores, {}
+        rewards = scores
         buffer = cfg.reward.overlong_buffer
         if buffer.enable:
             lengths = torch.tensor([len(g.token_ids) for g in rollout.generations])
-            penalty = overlong_penalty(
+            rewards = scores + overlong_penalty(
                 lengths, budget=self.max_tokens, buffer_len=buffer.len, penalty_factor=buffer.penalty_factor
             )
-            rewards = scores + penalty
-            if buffer.log:
-                metrics = {
-                    "reward/overlong_penalty_mean": float(penalty.mean()),
-                    "reward/overlong_fraction": float((penalty < 0).double().mean()),
-                }
-        return Sampled(rollout=rollout, scored=scored, scores=scores, rewards=rewards, metrics=metrics)
+        return Sampled(rollout=rollout, scored=scored, scores=scores, rewards=rewards)
+
+    def _overlong_metrics(self, sampled: Sampled) -> Sampled:
+        """The overlong penalty's mean and the share penalised over the step's batch, when
+        `reward.overlong_buffer.log` asks for them."""
+        buffer = self.cfg.reward.overlong_buffer
+        if buffer.enable and buffer.log:
+            penalty = sampled.rewards - sampled.scores
+            sampled.metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+            sampled.metrics["reward/overlong_fraction"] = float((penalty < 0).double().mean())
+        return sampled
 
     def correct(self, batch: PolicyBatch, rollout: Rollout) -> dict[str, float]:
         """The loss mask and weights of the update: overlong filtering and rollout correction."""
