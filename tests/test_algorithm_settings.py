@@ -201,8 +201,7 @@ def test_overlong_filtering_and_rollout_correction_shape_the_loss_mask_and_weigh
     lr = batch.old_log_probs - batch.extra["rollout_log_probs"]
     kept = (positions > 0) & ~torch.tensor(cut).unsqueeze(-1) & (0.5 * lr.square() <= 0.1)
     assert torch.equal(batch.response_mask > 0, kept)
-    trained = (positions > 0) & ~torch.tensor(cut).unsqueeze(-1)  # overlong filtering comes first
-    expected = torch.where(trained, torch.exp(lr).clamp(max=1.5), torch.zeros_like(lr))
+    expected = torch.where(positions > 0, torch.exp(lr).clamp(max=1.5), torch.zeros_like(lr))
     torch.testing.assert_close(batch.rollout_is_weights, expected)
     assert 0 < metrics["rollout_corr/rollout_rs_masked_fraction"] < 1
 
@@ -236,3 +235,69 @@ def test_kl_in_reward_settings_shape_the_rewards(make_run, overrides, kind, next
         assert run.kl_controller.value == pytest.approx(0.05 * 1.02)
     off = make_run(*SMALL)
     assert off.final_rewards(sampled.rewards, batch) == (sampled.rewards, {})
+
+
+class _RecordingWorkers:
+    """Stands in for the Ray workers (their own tests run them): log-probs are the engine's plus a
+    fixed offset pattern, and the batch handed to `update` is kept, as the workers would receive it."""
+
+    dp_size = 2
+
+    def __init__(self) -> None:
+        self.updated: list = []
+
+    def log_probs(self, batch, shards, *, ref: bool = False):
+        g = torch.Generator().manual_seed(7 if ref else 3)
+        return batch.extra["rollout_log_probs"] + torch.randn(batch.input_ids.shape, generator=g) * 0.4
+
+    def update(self, batch, shards, *, num_mini_batches: int, ppo_epochs: int) -> dict[str, float]:
+        self.updated.append(batch)
+        return {"pg_loss": 0.0, "step_skipped": 0.0}
+
+    def sync_weights(self) -> None:
+        pass
+
+
+def test_the_update_receives_the_corrected_mask_weights_and_kl_shaped_advantages(make_run) -> None:
+    """One `train_step` as `train()` runs it, with the workers stood in for: what reaches the
+    update is the rollout correction's weights and mask, less the overlong-filtered rows, with
+    advantages of the KL-shaped rewards."""
+    run = make_run(
+        *SMALL,
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_is_threshold=3.0",
+        "algorithm.rollout_correction.rollout_rs=token_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=1.5",
+        "algorithm.overlong_filter=true",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.kl_coef=0.2",
+    )
+    scores = [1.0, 0.0, 0.5, 0.5, 1.0, 0.0, 0.0, 1.0]
+    _script(run, [scores], lengths=[[8, 3, 4, 2, 5, 8, 1, 4]])
+    run.workers = workers = _RecordingWorkers()
+    original_generate = run.generate
+
+    def generate_with_finish_reasons(chunks, params):
+        outputs = original_generate(chunks, params)
+        for gens in outputs:
+            for gen in gens:
+                gen.finish_reason = "length" if len(gen.token_ids) == 8 else "stop"
+        return outputs
+
+    run.generate = generate_with_finish_reasons
+    metrics = run.train_step(_prompts(run))
+    (batch,) = workers.updated
+    rollout_lp = batch.extra["rollout_log_probs"]
+    positions = rollout_lp != 0
+    old, ref = batch.old_log_probs, batch.ref_log_probs
+    lr = (old - rollout_lp) * positions
+    seq_weight = torch.exp(lr.sum(dim=-1).clamp(-20, 20)).clamp(max=3.0)
+    torch.testing.assert_close(batch.rollout_is_weights, seq_weight.unsqueeze(-1) * positions)
+    kept = positions & ((-lr).abs() <= torch.log(torch.tensor(1.5)))
+    cut = torch.tensor([length == 8 for length in (8, 3, 4, 2, 5, 8, 1, 4)]).unsqueeze(-1)
+    assert torch.equal(batch.response_mask > 0, kept & ~cut)
+    kl_sums = ((old - ref) * positions).sum(dim=-1).double()
+    expected = grpo_math.group_advantages(torch.tensor(scores, dtype=torch.float64) - 0.2 * kl_sums, [0, 0, 1, 1, 2, 2, 3, 3])
+    torch.testing.assert_close(batch.advantages, expected)
+    assert metrics["rollout/overlong_filtered_fraction"] == pytest.approx(2 / 8)
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.2

@@ -180,5 +180,17 @@ def test_an_algorithm_recipe_maps_as_a_whole_and_only_the_legacy_tis_key_is_refu
     assert settings["actor"]["policy_loss"] == {"loss_mode": "gspo"}
     assert settings["reward"]["overlong_buffer"] == {"enable": True, "len": 64, "penalty_factor": 1.0, "log": False}
     # A conflict is still refused, with the line that brings it.
-    clash = convert(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.loss_agg_mode=token-mean"])
-    assert [line for line, _ in clash.refused] == ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"]
+    clash = convert(
+        [
+            "data.gen_batch_size=24",
+            "algorithm.filter_groups.enable=True",
+            "algorithm.filter_groups.metric=seq_final_reward",
+            "algorithm.use_kl_in_reward=True",
+        ]
+    )
+    refused = [line for line, _ in clash.refused]
+    assert "algorithm.filter_groups.metric=seq_final_reward" in refused
+    assert clash.problems is None, clash.problems  # what is kept still loads together
+    # One unmappable line does not make the others be judged alone.
+    odd = convert(["data.gen_batch_size=24", "algorithm.filter_groups.enable=True", "algorithm.adv_estimator=gae"])
+    assert [line for line, _ in odd.refused] == ["algorithm.adv_estimator=gae"]

@@ -77,7 +77,11 @@ CANNOT_HONOUR = [
         ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full"],
         "algorithm.kl_penalty=full cannot be honoured: the full KL needs",
     ),
-    (["algorithm.kl_ctrl.kl_coef=0.01"], "algorithm.kl_ctrl=KLControlConfig(type='fixed', kl_coef=0.01"),
+    (["algorithm.kl_ctrl.kl_coef=0.01"], "algorithm.kl_ctrl.kl_coef=0.01: read with algorithm.use_kl_in_reward"),
+    (
+        ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=k3+"],
+        "algorithm.kl_penalty=k3+: a '+' estimator differs from its base only in the gradient",
+    ),
     (
         ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.target_kl=0.5"],
         "algorithm.kl_ctrl.target_kl=0.5: read by the adaptive KL controller only",
@@ -128,10 +132,6 @@ CANNOT_HONOUR = [
     (
         ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4096"],
         "reward.overlong_buffer.len=4096 must be between 1 and the response budget 512",
-    ),
-    (
-        ["actor.policy_loss.loss_mode=gspo"],
-        "actor.loss_agg_mode=token-mean with actor.policy_loss.loss_mode=gspo",
     ),
     (
         ["actor.policy_loss.loss_mode=cispo", "actor.clip_ratio_c=10"],

@@ -166,10 +166,11 @@ def test_a_kl_loss_without_reference_log_probs_is_refused() -> None:
 @pytest.mark.parametrize("loss_mode", ["gspo", "cispo"])
 def test_the_policy_loss_mode_and_the_rollout_weights_reach_the_policy_term(loss_mode) -> None:
     """actor.policy_loss.loss_mode picks grpo_math's loss; a micro-batch's rollout_is_weights
-    multiply it. No entropy or KL term, so the loss is the policy term alone."""
+    multiply it. No entropy or KL term, so the loss is the policy term alone. GSPO's term is the
+    sequence mean of token means whatever loss_agg_mode says (verl's definition)."""
     agg = "seq-mean-token-mean" if loss_mode == "gspo" else "token-mean"
     cfg = grpo_config.load(
-        {"actor": {"policy_loss": {"loss_mode": loss_mode}, "loss_agg_mode": agg, "use_kl_loss": False}}
+        {"actor": {"policy_loss": {"loss_mode": loss_mode}, "loss_agg_mode": "token-mean", "use_kl_loss": False}}
     )
     loss_fn = GRPOLoss.from_config(cfg)
     assert loss_fn.loss_mode == loss_mode

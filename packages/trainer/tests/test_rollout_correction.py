@@ -81,6 +81,11 @@ def test_truncated_weights_and_their_statistics(level, normalize) -> None:
     per_seq = [np.mean([raw[i, t] for t in _tokens(mask, i)]) for i in range(rows)]
     assert metrics[P + "rollout_is_seq_mean"] == pytest.approx(np.mean(per_seq), abs=1e-6)
     assert metrics[P + "rollout_is_seq_max_deviation"] == pytest.approx(max(abs(q - 1) for q in per_seq), abs=1e-6)
+    assert metrics[P + "rollout_is_seq_std"] == pytest.approx(np.std(per_seq, ddof=1), abs=1e-6)
+    assert metrics[P + "rollout_is_seq_max"] == pytest.approx(max(per_seq), abs=1e-6)
+    assert metrics[P + "rollout_is_seq_min"] == pytest.approx(min(per_seq), abs=1e-6)
+    assert metrics[P + "rollout_is_seq_fraction_high"] == pytest.approx(np.mean([q > cap for q in per_seq]))
+    assert metrics[P + "rollout_is_seq_fraction_low"] == pytest.approx(np.mean([q < 1 / cap for q in per_seq]))
     # The cap binds somewhere, or the test would not test truncation.
     assert (raw > cap).any()
 

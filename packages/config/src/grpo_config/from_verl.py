@@ -144,18 +144,26 @@ def convert(overrides: Iterable[str]) -> Conversion:
     if any(k.startswith(_MEGATRON_KEYS) for k in keys) and _STRATEGY not in keys:
         inferred.append(f"{_STRATEGY}=megatron")
     lines = inferred + lines
-    mapped = [line for line in lines if _grpo_keys(line)]
-    accepted: list[str] = []
-    refused: list[tuple[str, str]] = []
+    # Lines that build on their own are each other's context; a line that does not is refused alone.
+    candidates = [line for line in lines if _problems([*inferred, line]) is not None]
+    refused: dict[str, str] = {}
+    while True:
+        newly = {}
+        for line in candidates:
+            # The other candidates, less those setting the same key (each is judged as if it set it).
+            others = [o for o in candidates if o is not line and not _grpo_keys(o) & _grpo_keys(line)]
+            reason = _why_refused(line, [*inferred, *others] if _problems(others) is not None else inferred)
+            if reason is not None:
+                newly[line] = reason
+        if not newly:
+            break
+        refused.update(newly)  # judged again against what is left: a line that needed a refused one goes too
+        candidates = [line for line in candidates if line not in newly]
     for line in lines:
-        # The other lines, less those setting the same key (each is judged as if it set it).
-        others = [other for other in mapped if other is not line and not _grpo_keys(other) & _grpo_keys(line)]
-        context = others if _problems(others) is not None else inferred
-        reason = _why_refused(line, context)
-        if reason is None:
-            accepted.append(line)
-        else:
-            refused.append((line, reason))
+        if line not in candidates and line not in refused:
+            refused[line] = _why_refused(line, inferred) or "does not load beside the other settings"
+    accepted = [line for line in lines if line in candidates]
+    refused_in_order = [(line, refused[line]) for line in lines if line in refused]
     flat = collect({}, accepted)
     cfg = build(flat)
     typed = to_dict(cfg)
@@ -167,7 +175,9 @@ def convert(overrides: Iterable[str]) -> Conversion:
         validate(cfg)
     except ConfigError as exc:
         problems = str(exc)
-    return Conversion(settings=settings, accepted=accepted, refused=refused, problems=problems, inferred=inferred)
+    return Conversion(
+        settings=settings, accepted=accepted, refused=refused_in_order, problems=problems, inferred=inferred
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -432,7 +432,10 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
     and combinations with no defined meaning."""
     algorithm, problems = cfg.algorithm, []
     if not algorithm.use_kl_in_reward:
-        changed = _changed(algorithm, AlgorithmConfig(), ("kl_penalty", "kl_ctrl"), "algorithm")
+        changed = _changed(algorithm, AlgorithmConfig(), ("kl_penalty",), "algorithm")
+        changed += _changed(
+            algorithm.kl_ctrl, KLControlConfig(), [f.name for f in dataclasses.fields(KLControlConfig)], "algorithm.kl_ctrl"
+        )
         if changed:
             problems.append(
                 f"{', '.join(changed)}: read with algorithm.use_kl_in_reward=true only. Remove them or "
@@ -447,6 +450,11 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
                 f"{', '.join(changed)}: read by the adaptive KL controller only, and algorithm.kl_ctrl.type=fixed. "
                 "Remove them or set algorithm.kl_ctrl.type=adaptive."
             )
+    if algorithm.use_kl_in_reward and algorithm.kl_penalty.endswith("+"):
+        problems.append(
+            f"algorithm.kl_penalty={algorithm.kl_penalty}: a '+' estimator differs from its base only in the "
+            f"gradient, and a reward has none. Use {algorithm.kl_penalty[:-1]}."
+        )
     groups = algorithm.filter_groups
     if not groups.enable:
         changed = _changed(
@@ -512,12 +520,6 @@ def _policy_loss_problems(cfg: TrainerConfig) -> list[str]:
         problems.append(
             f"actor.clip_ratio_c={actor.clip_ratio_c}: the dual clip belongs to the vanilla PPO loss; "
             f"actor.policy_loss.loss_mode={mode} has none. Remove it."
-        )
-    if mode == "gspo" and actor.loss_agg_mode != "seq-mean-token-mean":
-        problems.append(
-            f"actor.loss_agg_mode={actor.loss_agg_mode} with actor.policy_loss.loss_mode=gspo: GSPO's objective is "
-            "the sequence mean of token means (verl uses it for the GSPO term whatever loss_agg_mode says). "
-            "Set actor.loss_agg_mode=seq-mean-token-mean."
         )
     if mode != "cispo" and actor.clip_ratio_low > 1:
         problems.append(

@@ -15,6 +15,7 @@ pipeline stages exchange one fixed shape, sequence parallelism needs a length di
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,16 +105,9 @@ def take_rows(
         t = t[:, :width]
         return torch.nn.functional.pad(t, (0, pad)) if pad else t
 
-    return PolicyBatch(
-        input_ids=pick(batch.input_ids),
-        attention_mask=pick(batch.attention_mask),
-        response_mask=pick(batch.response_mask),
-        advantages=pick(batch.advantages),
-        old_log_probs=pick(batch.old_log_probs),
-        ref_log_probs=pick(batch.ref_log_probs),
-        rollout_is_weights=pick(batch.rollout_is_weights),
-        extra={k: pick(v) if isinstance(v, torch.Tensor) else v for k, v in batch.extra.items()},
-    )
+    tensors = {f.name: pick(getattr(batch, f.name)) for f in dataclasses.fields(PolicyBatch) if f.name != "extra"}
+    extra = {k: pick(v) if isinstance(v, torch.Tensor) else v for k, v in batch.extra.items()}
+    return PolicyBatch(**tensors, extra=extra)
 
 
 def row_lengths(batch: PolicyBatch) -> list[int]:

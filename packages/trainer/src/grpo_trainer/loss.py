@@ -153,7 +153,9 @@ class GRPOLoss:
             clip_ratio_c=self.clip_ratio_c,
             loss_mode=self.loss_mode,
             is_weights=None if micro.rollout_is_weights is None else micro.rollout_is_weights.to(device),
-            loss_agg_mode=self.loss_agg_mode,
+            # GSPO's term is the sequence mean of token means, whatever loss_agg_mode (which still
+            # aggregates entropy and KL), as verl's compute_policy_loss_gspo.
+            loss_agg_mode="seq-mean-token-mean" if self.loss_mode == "gspo" else self.loss_agg_mode,
             **self._scale_kwargs(scale),
         )
         entropy_loss = self._aggregate(entropy, mask, scale)

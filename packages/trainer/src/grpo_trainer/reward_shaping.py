@@ -39,10 +39,13 @@ class KLController:
         self.value *= 1 + error * n_steps / self.cfg.horizon
 
     def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value}
+        return {"type": self.cfg.type, "value": self.value}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.value = float(state["value"])
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Take back an adaptive coefficient from a checkpoint of an adaptive run; a fixed one is the
+        setting's (a resumed run may change it), and a switch of type starts from `kl_coef`."""
+        if state is not None and self.cfg.type == "adaptive" and state.get("type") == "adaptive":
+            self.value = float(state["value"])
 
 
 def kl_reward_penalty(

@@ -116,7 +116,12 @@ def importance_weights(
     metrics["rollout_is_eff_sample_size"] = 1.0 / masked_mean(normalised.square(), mask)
     per_seq = _seq_masked_mean(weights, mask)
     metrics["rollout_is_seq_mean"] = per_seq.mean()
+    metrics["rollout_is_seq_std"] = per_seq.std() if per_seq.numel() > 1 else per_seq.new_zeros(())
+    metrics["rollout_is_seq_max"] = per_seq.max()
+    metrics["rollout_is_seq_min"] = per_seq.min()
     metrics["rollout_is_seq_max_deviation"] = (per_seq - 1).abs().max()
+    metrics["rollout_is_seq_fraction_high"] = (per_seq > threshold).to(lr.dtype).mean()
+    metrics["rollout_is_seq_fraction_low"] = (per_seq < low).to(lr.dtype).mean()
     truncated = weights.clamp(max=threshold)
     if batch_normalize:
         if level == "token":

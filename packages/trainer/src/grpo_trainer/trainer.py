@@ -329,20 +329,19 @@ class _Run:
         return sampled
 
     def correct(self, batch: PolicyBatch, rollout: Rollout) -> dict[str, float]:
-        """The loss mask and weights of the update: overlong filtering and rollout correction."""
+        """The loss mask and weights of the update: rollout correction (on every response, so its
+        statistics are verl's), then overlong filtering."""
         metrics: dict[str, float] = {}
+        if self.correction.enabled:
+            assert batch.old_log_probs is not None
+            fix = self.correction.apply(batch.old_log_probs, batch.extra["rollout_log_probs"], batch.response_mask)
+            batch.response_mask = fix.response_mask
+            batch.rollout_is_weights = fix.is_weights
+            metrics.update(fix.metrics)
         if self.cfg.algorithm.overlong_filter:
             cut = torch.tensor([g.finish_reason == "length" for g in rollout.generations])
             batch.response_mask = batch.response_mask * (~cut).to(batch.response_mask.dtype).unsqueeze(-1)
             metrics["rollout/overlong_filtered_fraction"] = float(cut.double().mean())
-        if self.correction.enabled:
-            assert batch.old_log_probs is not None
-            fix = self.correction.apply(
-                batch.old_log_probs, batch.extra["rollout_log_probs"], batch.response_mask
-            )
-            batch.response_mask = fix.response_mask
-            batch.rollout_is_weights = fix.is_weights
-            metrics.update(fix.metrics)
         return metrics
 
     def generate(
@@ -409,8 +408,7 @@ class _Run:
         resumed = self._workers().load(path)
         self.resumed_metrics = resumed.trainer_state.get("metrics")
         self.step = int(resumed.trainer_state["global_step"])
-        if "kl_controller" in resumed.trainer_state:
-            self.kl_controller.load_state_dict(resumed.trainer_state["kl_controller"])
+        self.kl_controller.load_state_dict(resumed.trainer_state.get("kl_controller"))
         self.reward_history = {int(k): float(v) for k, v in resumed.trainer_state.get("rewards", {}).items()}
         if resumed.dataloader_state is not None:
             self.sampler.load_state_dict(resumed.dataloader_state)

@@ -3,6 +3,8 @@ micro-batch planning and shapes, outputs back into batch order (pure tensor code
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from grpo_trainer.batching import (
     scatter_rows,
     take_rows,
 )
+from grpo_trainer.protocols import PolicyBatch
 from grpo_trainer.rollout_step import split_ranks, step_seed
 
 
@@ -47,6 +50,15 @@ def test_take_rows_selects_and_trims_every_per_token_tensor() -> None:
     assert sub.advantages.tolist() == [2.0, 1.0]
     assert sub.old_log_probs.tolist() == [[6, 7, 8], [0, 1, 2]]
     assert sub.ref_log_probs is None
+    # Every tensor field of the batch travels, whatever fields PolicyBatch gains.
+    for number, f in enumerate(dataclasses.fields(PolicyBatch)):
+        if f.name != "extra" and getattr(batch, f.name) is None:
+            setattr(batch, f.name, torch.full((3, 6), float(number)))
+    sub = take_rows(batch, [2])
+    for f in dataclasses.fields(PolicyBatch):
+        if f.name != "extra":
+            assert getattr(sub, f.name) is not None, f.name
+    assert sub.rollout_is_weights.shape == (1, 6)
 
 
 def test_token_budget_plan_respects_the_padded_budget() -> None:
