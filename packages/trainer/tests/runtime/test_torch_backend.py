@@ -5,6 +5,8 @@ reference, warmup, skipped steps, state round trip."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import os
 from pathlib import Path
@@ -273,8 +275,18 @@ def test_without_kl_no_reference_is_built_or_needed(tiny_model_dir) -> None:
     batch.old_log_probs = actor.log_probs(batch)["log_probs"]
     metrics = actor.update_mini_batch(batch)
     assert "kl" not in metrics and "kl_loss" not in metrics
-    with pytest.raises(ValueError, match=r"only built when actor\.use_kl_loss=true"):
+    with pytest.raises(ValueError, match=r"only built when actor\.use_kl_loss or algorithm\.use_kl_in_reward"):
         actor.log_probs(batch, ref=True)
+
+
+def test_kl_in_the_reward_alone_builds_the_reference_but_no_kl_loss(tiny_model_dir) -> None:
+    cfg = _cfg(tiny_model_dir, use_kl_loss=False)
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, use_kl_in_reward=True))
+    actor = Actor(cfg, TorchBackend(cfg, device=CPU))
+    assert actor.backend.ref_module is not None and not actor.loss.uses_reference
+    batch = _batch()
+    ref = actor.log_probs(batch, ref=True)["log_probs"]
+    torch.testing.assert_close(ref, actor.log_probs(batch)["log_probs"])  # the policy's start
 
 
 def test_lr_warms_up_linearly_per_training_step(tiny_model_dir) -> None:
