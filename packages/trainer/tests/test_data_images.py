@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from grpo_trainer.data.images import ImageProblem, decode_image, placeholder_count, row_images, vision_messages
+from grpo_trainer.data.images import (
+    ImageProblem,
+    decode_image,
+    placeholder_count,
+    row_images,
+    vision_messages,
+)
 
 
 def _png(colour: tuple[int, int, int], size: int = 8) -> bytes:

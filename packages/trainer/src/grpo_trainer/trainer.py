@@ -31,6 +31,7 @@ from grpo_device import DeviceKind
 from grpo_trainer import grpo_math
 from grpo_trainer.batching import dp_row_split, pad_rows, response_budget
 from grpo_trainer.data import PromptDataset, PromptItem, ResumableSampler
+from grpo_trainer.data.images import load_processor
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.metrics import MetricsLogger, plot_metrics
 from grpo_trainer.policy_workers import PolicyWorkers
@@ -121,6 +122,21 @@ class Sampled:
 _TRUNCATION = {"error": "error", "left": "truncate_left", "right": "truncate_right"}
 
 
+def _refuse_images_until_they_reach_the_model(*datasets: PromptDataset | None) -> None:
+    """Images are read, checked and tokenised (`PromptDataset`), but the rollout engines and policy
+    backends do not take pixel inputs yet: training on such prompts would train blind."""
+    for dataset in datasets:
+        if dataset is None:
+            continue
+        with_images = sum(bool(dataset[i].images) for i in range(len(dataset)))
+        if with_images:
+            raise ValueError(
+                f"{with_images} of {len(dataset)} prompts carry images; grpo reads and checks them, but its "
+                "rollout engines and policy backends do not take images yet (vision-language training is "
+                "in progress), so the model would train blind. Use text-only rows for now."
+            )
+
+
 def _batches(sampler: ResumableSampler) -> Iterator[list[int]]:
     while True:
         yield from sampler
@@ -139,11 +155,13 @@ class _Run:
             cfg.actor.model_path, trust_remote_code=cfg.actor.trust_remote_code
         )
         data = cfg.data
+        self.processor = load_processor(cfg.actor.model_path, trust_remote_code=cfg.actor.trust_remote_code)
         dataset_args = {
             "prompt_key": data.prompt_key,
             "max_prompt_length": data.max_prompt_length,
             "overlong": "filter" if data.filter_overlong_prompts else _TRUNCATION[data.truncation],
             "apply_chat_template": data.apply_chat_template,
+            "processor": self.processor,
         }
         if not data.train_files:
             raise ValueError("data.train_files is empty: give at least one parquet/jsonl file")
@@ -151,6 +169,7 @@ class _Run:
         self.val_data = (
             PromptDataset(data.val_files, self.tokenizer, **dataset_args) if data.val_files else None
         )
+        _refuse_images_until_they_reach_the_model(self.train_data, self.val_data)
         self.sampler = ResumableSampler(
             len(self.train_data),
             batch_size=data.gen_batch_size or data.train_batch_size,

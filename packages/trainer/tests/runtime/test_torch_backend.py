@@ -5,9 +5,8 @@ reference, warmup, skipped steps, state round trip."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import copy
+import dataclasses
 import os
 from pathlib import Path
 

@@ -1,6 +1,12 @@
 """Prompt dataset: verl-format rows tokenised once, at construction, with the tokenizer's chat
 template (`add_generation_prompt=True`), then filtered or truncated to `max_prompt_length`.
 
+Multimodal rows (an `images` column, `<image>` placeholders; `data.images`) go through the model's
+processor: its chat template places the vision spans and it expands each into the image's tokens,
+so `max_prompt_length` counts them. A row whose image does not decode, or whose placeholders do not
+match its images, is reported (row, file and line) and skipped. Such a prompt is never truncated
+(that would cut an image's tokens): past the limit it is filtered, or refused in "error" mode.
+
 Malformed rows are skipped, counted and reported (`PromptDataset.report`), never raised; an
 overlong prompt raises only in `overlong="error"` mode. Tokenisation does not add special tokens
 beyond those the chat template writes.
@@ -15,6 +21,7 @@ from typing import Any, Literal
 
 import structlog
 
+from grpo_trainer.data.images import ImageProblem, row_images, vision_messages
 from grpo_trainer.data.rows import DataReport, RawRow, read_raw_rows, row_problem
 
 log = structlog.get_logger()
@@ -37,6 +44,10 @@ class PromptItem:
     extra_info: dict[str, Any] = field(default_factory=dict)
     index: int
     raw_prompt: list[dict[str, str]] | str
+    # PNG bytes of the prompt's images, in placeholder order (empty for a text prompt), and the
+    # processor's patch grid of each (t, h, w): what rollout and training rebuild the pixels from.
+    images: tuple[bytes, ...] = ()
+    image_grid_thw: tuple[tuple[int, int, int], ...] = ()
 
 
 def _has_chat_template(tokenizer: Any) -> bool:
@@ -55,6 +66,7 @@ class PromptDataset:
         max_prompt_length: int,
         overlong: OverlongMode = "filter",
         apply_chat_template: bool = True,
+        processor: Any | None = None,
     ) -> None:
         if overlong not in OVERLONG_MODES:
             raise ValueError(f"unknown overlong mode {overlong!r}; use one of {list(OVERLONG_MODES)}")
@@ -64,16 +76,26 @@ class PromptDataset:
         self.max_prompt_length = max_prompt_length
         self.overlong = overlong
         self.report = DataReport()
+        self.processor = processor
         self._use_template = apply_chat_template and _has_chat_template(tokenizer)
         if apply_chat_template and not self._use_template:
             log.warning(
                 "tokenizer has no chat template; prompts are the message contents joined by newlines",
                 tokenizer=type(tokenizer).__name__,
             )
-        rows, texts = self._render(read_raw_rows(paths), tokenizer)
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        rows, texts, visions = self._render(read_raw_rows(paths), tokenizer)
+        text_rows = [i for i, vision in enumerate(visions) if vision is None]
+        text_ids = tokenizer([texts[i] for i in text_rows], add_special_tokens=False)["input_ids"] if text_rows else []
+        ids: list[Any] = [None] * len(rows)
+        for i, prompt_ids in zip(text_rows, text_ids, strict=True):
+            ids[i] = prompt_ids
+        for i, vision in enumerate(visions):
+            if vision is not None:
+                ids[i] = vision["prompt_ids"]
         self._items = [
-            item for row, prompt_ids in zip(rows, ids, strict=True) if (item := self._fit(row, prompt_ids))
+            item
+            for row, prompt_ids, vision in zip(rows, ids, visions, strict=True)
+            if (item := self._fit(row, prompt_ids, vision))
         ]
         self.report.n_kept = len(self._items)
         log.info("prompt dataset loaded", **{k: v for k, v in vars(self.report).items() if k != "reasons"})
@@ -84,10 +106,12 @@ class PromptDataset:
         if not self._items:
             raise ValueError(f"no usable prompts in {paths!r}: {self.report.summary()}")
 
-    def _render(self, raw_rows: Any, tokenizer: Any) -> tuple[list[RawRow], list[str]]:
-        """Prompt text of every well-formed row (bad rows go to the report)."""
+    def _render(self, raw_rows: Any, tokenizer: Any) -> tuple[list[RawRow], list[str], list[dict | None]]:
+        """Prompt text of every well-formed row, and for a multimodal one its processor outputs
+        (bad rows go to the report)."""
         rows: list[RawRow] = []
         texts: list[str] = []
+        visions: list[dict | None] = []
         for raw in raw_rows:
             self.report.n_rows += 1
             problem = raw.error
@@ -97,16 +121,49 @@ class PromptDataset:
                     if isinstance(raw.row, Mapping)
                     else f"row is a {type(raw.row).__name__}, not an object"
                 )
+            images: list[Any] = []
             if problem is None:
                 try:
-                    texts.append(self._prompt_text(raw.row[self.prompt_key], tokenizer))
-                except Exception as exc:  # a template can raise anything (jinja, tokenizer)
+                    images = row_images(raw.row, prompt_key=self.prompt_key, base_dir=raw.path and raw.path.parent)
+                except ImageProblem as exc:
+                    problem = str(exc)
+            if problem is None and images and self.processor is None:
+                raise ValueError(
+                    f"row {raw.index} ({raw.location}) has {len(images)} image(s), but the model has no image "
+                    "processor (no preprocessor/processor config at actor.model_path): a text-only model would "
+                    "train blind on them. Use the vision-language checkpoint, or remove the rows' images."
+                )
+            vision = None
+            if problem is None:
+                try:
+                    if images:
+                        vision = self._vision_inputs(raw.row[self.prompt_key], images)
+                        texts.append(vision["text"])
+                    else:
+                        texts.append(self._prompt_text(raw.row[self.prompt_key], tokenizer))
+                except Exception as exc:  # a template or processor can raise anything (jinja, PIL)
                     problem = f"chat template failed: {type(exc).__name__}: {exc}"
             if problem is not None:
                 self.report.add_malformed(index=raw.index, location=raw.location, reason=problem)
                 continue
             rows.append(raw)
-        return rows, texts
+            visions.append(vision)
+        return rows, texts, visions
+
+    def _vision_inputs(self, prompt: Any, images: list[Any]) -> dict[str, Any]:
+        """The processor's prompt (vision spans expanded into image tokens) and each image's patch
+        grid; the images kept as PNG bytes."""
+        import io
+
+        text = self.processor.apply_chat_template(vision_messages(prompt), tokenize=False, add_generation_prompt=True)
+        out = self.processor(text=[text], images=images)
+        pngs = []
+        for image in images:
+            buffer = io.BytesIO()
+            image.save(buffer, format="PNG")
+            pngs.append(buffer.getvalue())
+        grids = tuple(tuple(int(v) for v in grid) for grid in out["image_grid_thw"])
+        return {"text": text, "prompt_ids": list(out["input_ids"][0]), "images": tuple(pngs), "grids": grids}
 
     def _prompt_text(self, prompt: list[dict[str, str]] | str, tokenizer: Any) -> str:
         if isinstance(prompt, str):
@@ -121,9 +178,12 @@ class PromptDataset:
             return text
         return "\n".join(m["content"] for m in prompt)
 
-    def _fit(self, raw: RawRow, prompt_ids: list[int]) -> PromptItem | None:
+    def _fit(self, raw: RawRow, prompt_ids: list[int], vision: dict | None = None) -> PromptItem | None:
         limit = self.max_prompt_length
         if len(prompt_ids) > limit:
+            if vision is not None and self.overlong in ("truncate_left", "truncate_right"):
+                self.report.n_filtered_overlong += 1  # cutting would cut an image's tokens
+                return None
             if self.overlong == "error":
                 raise OverlongPromptError(
                     f"row {raw.index} ({raw.location}) has a {len(prompt_ids)}-token prompt, over "
@@ -144,6 +204,8 @@ class PromptDataset:
             extra_info=dict(row.get("extra_info") or {}),
             index=raw.index,
             raw_prompt=prompt if isinstance(prompt, str) else [dict(m) for m in prompt],
+            images=vision["images"] if vision else (),
+            image_grid_thw=vision["grids"] if vision else (),
         )
 
     def __len__(self) -> int:

@@ -98,3 +98,19 @@ def vision_messages(prompt: Any) -> list[dict[str, Any]]:
                 parts.append({"type": "text", "text": text})
         message["content"] = parts
     return messages
+
+
+def load_processor(model_path: str, *, trust_remote_code: bool = False) -> Any | None:
+    """The model's multimodal processor (`AutoProcessor`: pixels, grids, image tokens), or None for
+    a text-only model (no processor or image-processor config in its folder)."""
+    folder = Path(model_path)
+    configs = ("processor_config.json", "preprocessor_config.json")
+    if folder.is_dir() and not any((folder / name).exists() for name in configs):
+        return None
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):  # a hub id without a processor
+        return None
+    return processor if getattr(processor, "image_processor", None) is not None else None

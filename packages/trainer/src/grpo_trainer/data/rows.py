@@ -60,6 +60,7 @@ class RawRow:
     location: str
     row: Any = None
     error: str | None = None
+    path: Path | None = None  # the file it came from (relative image paths start at its folder)
 
 
 def as_path_list(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -117,7 +118,7 @@ def read_raw_rows(paths: str | Path | Sequence[str | Path]) -> Iterator[RawRow]:
     for path in files:
         reader = _parquet_rows if path.suffix == ".parquet" else _json_rows
         for location, row, error in reader(path):
-            yield RawRow(index=index, location=location, row=row, error=error)
+            yield RawRow(index=index, location=location, row=row, error=error, path=path)
             index += 1
 
 

@@ -1,0 +1,80 @@
+"""verl's multimodal rows through `PromptDataset` with a real Qwen3.5 processor (`Qwen3VLProcessor`
+over the tiny-vl tokenizer, made on the fly): image tokens in the prompt ids and counted by
+max_prompt_length, the images kept, bad rows reported by row and file position and skipped, and a
+text-only model refused rather than trained blind."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from grpo_launch.presets import tiny_task, tiny_vl_model, tiny_vl_task
+from grpo_trainer.data import PromptDataset
+
+TOKENS_PER_IMAGE = (64 // 16) ** 2 // (2 * 2)  # 64x64 pixels, 16-pixel patches merged 2x2
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return tiny_vl_model.build_processor(tiny_vl_task.corpus(), vocab_size=48)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> Path:
+    rows = tiny_vl_task.make_rows(count=6, seed=0, split="train")
+    rows[2]["images"] = [{"bytes": b"\x89PNG\r\n\x1a\n not an image", "path": None}]  # undecodable
+    rows[4]["prompt"] = [{"role": "user", "content": "how many squares"}]  # no placeholder
+    path = tmp_path_factory.mktemp("vl") / "train.parquet"
+    tiny_task.write_parquet(rows, path)
+    return path
+
+
+def test_images_reach_the_prompt_as_image_tokens_and_bad_rows_are_counted(processor, data_file) -> None:
+    data = PromptDataset([data_file], processor.tokenizer, processor=processor, max_prompt_length=64)
+    assert len(data) == 4 and data.report.n_malformed == 2
+    reasons = " | ".join(data.report.reasons)
+    assert "row 2 (train.parquet#2): images[0] cannot be decoded" in reasons
+    assert "row 4 (train.parquet#4): the prompt has 0 <image> placeholder(s) for 1 image(s)" in reasons
+    image_token = processor.image_token_id
+    for item in (data[i] for i in range(len(data))):
+        assert item.prompt_ids.count(image_token) == TOKENS_PER_IMAGE
+        assert item.image_grid_thw == ((1, 4, 4),)
+        (png,) = item.images
+        assert Image.open(io.BytesIO(png)).size == (64, 64)
+    assert [data[i].index for i in range(4)] == [0, 1, 3, 5]
+
+
+def test_max_prompt_length_counts_the_image_tokens(processor, data_file) -> None:
+    data = PromptDataset([data_file], processor.tokenizer, processor=processor, max_prompt_length=64)
+    longest = max(len(data[i].prompt_ids) for i in range(len(data)))
+    assert longest > TOKENS_PER_IMAGE
+    with pytest.raises(ValueError, match="4 overlong filtered"):
+        PromptDataset([data_file], processor.tokenizer, processor=processor, max_prompt_length=TOKENS_PER_IMAGE)
+    # Never truncated (that would cut the image's tokens): filtered instead, and counted.
+    cut = PromptDataset(
+        [data_file], processor.tokenizer, processor=processor, max_prompt_length=longest - 1, overlong="truncate_left"
+    )
+    assert cut.report.n_truncated == 0 and cut.report.n_filtered_overlong >= 1
+    assert all(len(cut[i].prompt_ids) < longest for i in range(len(cut)))
+
+
+def test_a_text_only_model_is_refused_images(processor, data_file) -> None:
+    with pytest.raises(ValueError, match=r"row 0 \(train.parquet#0\) has 1 image\(s\), but the model has no image processor"):
+        PromptDataset([data_file], processor.tokenizer, max_prompt_length=64)
+
+
+def test_the_trainer_reads_the_processor_and_refuses_images_it_cannot_feed_yet(tmp_path: Path, data_file) -> None:
+    """The driver loads the model's processor (AutoProcessor from the checkpoint) and reads the images,
+    then stops: the engines and backends do not take images yet, and a blind run is not started."""
+    import grpo_config
+    from grpo_launch import tiny_preset
+    from grpo_trainer.trainer import _Run
+
+    model_dir = tiny_vl_model.ensure_tiny_vl_model(tmp_path / "vl_model", texts=tiny_vl_task.corpus())
+    preset = tiny_preset(tmp_path / "preset")
+    overrides = [f"actor.model_path={model_dir}", f"data.train_files=[{data_file}]", "data.val_files=[]", "data.max_prompt_length=64"]
+    with pytest.raises(ValueError, match=r"4 of 4 prompts carry images; .* would train blind"):
+        _Run(grpo_config.load(preset, overrides))
