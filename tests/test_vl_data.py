@@ -78,3 +78,38 @@ def test_the_trainer_reads_the_processor_and_refuses_images_it_cannot_feed_yet(t
     overrides = [f"actor.model_path={model_dir}", f"data.train_files=[{data_file}]", "data.val_files=[]", "data.max_prompt_length=64"]
     with pytest.raises(ValueError, match=r"4 of 4 prompts carry images; .* would train blind"):
         _Run(grpo_config.load(preset, overrides))
+
+
+def test_vision_inputs_reach_the_model_and_its_log_probs_follow_the_image(tmp_path: Path, processor) -> None:
+    """The processor's pixels for a prompt (`vision.pixel_inputs`), joined over a batch's rows
+    (`vision.join_rows`), go into the policy's forward (`token_log_probs`): the right shapes, and the
+    response's log-probs change when only the image does."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from grpo_trainer.backends.hf_model import token_log_probs
+    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+    from grpo_trainer.vision import join_rows, pixel_inputs
+
+    use_torch_kernels_on_cpu()
+    model_dir = tiny_vl_model.ensure_tiny_vl_model(tmp_path / "vl_model", texts=tiny_vl_task.corpus())
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    rows = tiny_vl_task.make_rows(count=2, seed=3, split="train")
+    data_file = tmp_path / "two.parquet"
+    tiny_task.write_parquet(rows, data_file)
+    data = PromptDataset([data_file], processor.tokenizer, processor=processor, max_prompt_length=64)
+    response = processor.tokenizer("3", add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([data[0].prompt_ids + response])
+    mask = torch.ones_like(ids)
+    first, second = (pixel_inputs(processor.image_processor, data[i].images) for i in range(2))
+    assert first["pixel_values"].shape == (16, 3 * 2 * 16 * 16) and first["image_grid_thw"].tolist() == [[1, 4, 4]]
+    joined = join_rows([first, None, second])
+    assert joined["pixel_values"].shape == (32, 1536) and joined["image_grid_thw"].tolist() == [[1, 4, 4]] * 2
+    assert join_rows([None, None]) == {}
+    with torch.no_grad():
+        own, _ = token_log_probs(model, ids, mask, with_entropy=False, vision=join_rows([first]))
+        swapped, _ = token_log_probs(model, ids, mask, with_entropy=False, vision=join_rows([second]))
+        again, _ = token_log_probs(model, ids, mask, with_entropy=False, vision=join_rows([first]))
+    answer = slice(len(data[0].prompt_ids), None)
+    assert torch.equal(own, again)
+    assert (own[0, answer] - swapped[0, answer]).abs().max() > 1e-4  # the same words, another image

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -96,9 +97,11 @@ def take_rows(
         width = max(int(batch.attention_mask.index_select(0, index).sum(dim=-1).max().item()), 1) if rows else 1
     pad = -width % multiple
 
-    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+    def pick(t: Any) -> Any:
         if t is None:
             return None
+        if isinstance(t, list):  # per-row values that are not one tensor (vision inputs)
+            return [t[i] for i in rows]
         t = t.index_select(0, index.to(t.device))
         if t.dim() != 2:
             return t

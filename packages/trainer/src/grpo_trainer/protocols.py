@@ -59,6 +59,8 @@ class PolicyBatch:
     ref_log_probs: torch.Tensor | None = None
     # Rollout correction's truncated importance weights [B, T], multiplying each token's policy loss.
     rollout_is_weights: torch.Tensor | None = None
+    # Per row, its prompt's vision inputs (`grpo_trainer.vision`; None for a text prompt).
+    vision: list[dict[str, torch.Tensor] | None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

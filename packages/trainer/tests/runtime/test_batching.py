@@ -50,7 +50,8 @@ def test_take_rows_selects_and_trims_every_per_token_tensor() -> None:
     assert sub.advantages.tolist() == [2.0, 1.0]
     assert sub.old_log_probs.tolist() == [[6, 7, 8], [0, 1, 2]]
     assert sub.ref_log_probs is None
-    # Every tensor field of the batch travels, whatever fields PolicyBatch gains.
+    # Every field of the batch travels, whatever fields PolicyBatch gains.
+    batch.vision = [{"pixel_values": torch.full((4, 2), float(i))} for i in range(3)]
     for number, f in enumerate(dataclasses.fields(PolicyBatch)):
         if f.name != "extra" and getattr(batch, f.name) is None:
             setattr(batch, f.name, torch.full((3, 6), float(number)))
@@ -59,6 +60,7 @@ def test_take_rows_selects_and_trims_every_per_token_tensor() -> None:
         if f.name != "extra":
             assert getattr(sub, f.name) is not None, f.name
     assert sub.rollout_is_weights.shape == (1, 6)
+    assert sub.vision == [batch.vision[2]]  # per-row values that are not one tensor
 
 
 def test_token_budget_plan_respects_the_padded_budget() -> None:

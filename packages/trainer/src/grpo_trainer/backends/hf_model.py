@@ -60,12 +60,18 @@ def token_log_probs(
     *,
     with_entropy: bool,
     entropy_grad: bool = True,
+    vision: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(input_ids[:, t] | input_ids[:, :t]) at position t, shape [B, T], and the entropy of
     the distribution that predicted position t, same layout; 0 at position 0 and on padding.
-    Without `entropy_grad` the entropy is computed outside autograd (no [B, T, vocab] kept)."""
+    Without `entropy_grad` the entropy is computed outside autograd (no [B, T, vocab] kept).
+    `vision`: the batch's pixel inputs (`grpo_trainer.vision.join_rows`), for a vision-language model."""
     inner = getattr(model, "module", model)  # DDP wraps the HF model
     extra = linear_attention_kwargs(inner, input_ids.shape[1])
+    if vision:
+        from grpo_trainer.vision import token_types
+
+        extra = {**extra, **vision, "mm_token_type_ids": token_types(input_ids, inner.config)}
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra).logits
     logits = logits[:, :-1].float()
     targets = input_ids[:, 1:]

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from grpo_config.schema import TrainerConfig
 from grpo_trainer.backends.hf_model import autocast_context, load_causal_lm, token_log_probs
 from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
+from grpo_trainer.vision import join_rows
 
 log = structlog.get_logger()
 
@@ -84,6 +85,7 @@ class TorchBackend:
                 micro.attention_mask.to(self.device),
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
+                vision={k: v.to(self.device) for k, v in join_rows(micro.vision).items()},
             )
 
     @torch.no_grad()
