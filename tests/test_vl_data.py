@@ -113,3 +113,35 @@ def test_vision_inputs_reach_the_model_and_its_log_probs_follow_the_image(tmp_pa
     answer = slice(len(data[0].prompt_ids), None)
     assert torch.equal(own, again)
     assert (own[0, answer] - swapped[0, answer]).abs().max() > 1e-4  # the same words, another image
+
+
+def test_the_hf_engine_generates_from_the_image(tmp_path: Path, processor) -> None:
+    """The `hf` rollout engine hands each prompt's pixels to `generate`: with the same words and
+    the same seed, another image gives other log-probs (and text prompts beside it still work)."""
+    from transformers import AutoModelForImageTextToText
+
+    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+    from grpo_trainer.protocols import SamplingParams
+    from grpo_trainer.rollout.hf_engine import HFRolloutEngine
+    from grpo_trainer.vision import pixel_inputs
+
+    use_torch_kernels_on_cpu()
+    model_dir = tiny_vl_model.ensure_tiny_vl_model(tmp_path / "vl_model", texts=tiny_vl_task.corpus())
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    rows = tiny_vl_task.make_rows(count=2, seed=4, split="train")
+    data_file = tmp_path / "two.parquet"
+    tiny_task.write_parquet(rows, data_file)
+    data = PromptDataset([data_file], processor.tokenizer, processor=processor, max_prompt_length=64)
+    tok = processor.tokenizer
+    engine = HFRolloutEngine(model=model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    params = SamplingParams(n=2, max_tokens=4, temperature=1.0, seed=5)
+    images = [pixel_inputs(processor.image_processor, data[i].images) for i in range(2)]
+    text_prompt = tok("squares", add_special_tokens=False)["input_ids"]
+    prompts = [data[0].prompt_ids, text_prompt]
+    own = engine.generate(prompts, params, vision=[images[0], None])
+    other = engine.generate(prompts, params, vision=[images[1], None])
+    assert [g.prompt_index for g in own] == [0, 0, 1, 1]
+    assert own[0].logprobs[0] != pytest.approx(other[0].logprobs[0], abs=1e-5)
+    assert own[2].token_ids == other[2].token_ids  # the text prompt's draws do not depend on row 0's image
+    with pytest.raises(ValueError, match="1 vision inputs for 2 prompts"):
+        engine.generate(prompts, params, vision=[images[0]])

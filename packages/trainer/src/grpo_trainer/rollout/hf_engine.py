@@ -18,6 +18,7 @@ from transformers import GenerationConfig
 
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout.hf_weight_names import checkpoint_target
+from grpo_trainer.vision import VisionInputs, join_rows, token_types
 
 log = structlog.get_logger()
 
@@ -52,7 +53,15 @@ class HFRolloutEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        vision: Sequence[VisionInputs | None] | None = None,
+    ) -> list[Generation]:
+        """`vision[i]`: prompt i's pixel inputs (`grpo_trainer.vision`), for a vision-language model."""
+        if vision is not None and len(vision) != len(prompts):
+            raise ValueError(f"{len(vision)} vision inputs for {len(prompts)} prompts")
         if params.n < 1 or params.max_tokens < 1:
             raise ValueError(
                 f"need n >= 1 and max_tokens >= 1, got n={params.n}, max_tokens={params.max_tokens}"
@@ -68,7 +77,7 @@ class HFRolloutEngine:
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             for start in range(0, len(expanded), self.max_batch_size):
-                results += self._generate_chunk(expanded[start : start + self.max_batch_size], params)
+                results += self._generate_chunk(expanded[start : start + self.max_batch_size], params, vision)
         return results
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
@@ -93,7 +102,12 @@ class HFRolloutEngine:
         )
 
     @torch.no_grad()
-    def _generate_chunk(self, chunk: list[tuple[int, list[int]]], params: SamplingParams) -> list[Generation]:
+    def _generate_chunk(
+        self,
+        chunk: list[tuple[int, list[int]]],
+        params: SamplingParams,
+        vision: Sequence[VisionInputs | None] | None = None,
+    ) -> list[Generation]:
         device = self.device
         width = max(len(p) for _, p in chunk)
         input_ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)
@@ -101,6 +115,11 @@ class HFRolloutEngine:
         for row, (_, prompt) in enumerate(chunk):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
+        pixels = join_rows([vision[i] for i, _ in chunk] if vision is not None else None)
+        if pixels:
+            config = getattr(self.model, "config", None)
+            pixels = {k: v.to(device) for k, v in pixels.items()}
+            pixels["mm_token_type_ids"] = token_types(input_ids, config).to(device)
         was_training = self.model.training
         self.model.eval()
         autocast = (
@@ -114,6 +133,7 @@ class HFRolloutEngine:
                     input_ids=input_ids.to(device),
                     attention_mask=attention_mask.to(device),
                     generation_config=self._generation_config(params),
+                    **pixels,
                 )
         finally:
             self.model.train(was_training)
