@@ -108,16 +108,21 @@ class PolicyWorkers:
         prompts: Sequence[Sequence[Sequence[int]]],
         params: Sequence[SamplingParams],
         *,
+        vision: Sequence[Sequence[Any]] | None = None,
         on_done: Callable[[int], None] | None = None,
     ) -> list[list[Generation]]:
         """Replica r samples `params[r]` for `prompts[r]` (every rank of the replica gets the same
-        request: each runs its shard of the engine); generations per replica, grouped by prompt,
-        read from the replica's first rank."""
+        request: each runs its shard of the engine), with `vision[r]`, its prompts' pixel inputs,
+        when given; generations per replica, grouped by prompt, read from the replica's first rank."""
         replicas = self.replicas
         if len(prompts) != replicas.count or len(params) != replicas.count:
             raise ValueError(f"{len(prompts)} prompt chunks / {len(params)} params for {replicas.count} replicas")
-        per_rank = [(list(prompts[replicas.replica_of(rank)]), params[replicas.replica_of(rank)]) for rank in range(self.world_size)]
-        results = self._call("generate", "generate_s", args_per_rank=[(args, {}) for args in per_rank], on_done=on_done)
+        per_rank = []
+        for rank in range(self.world_size):
+            replica = replicas.replica_of(rank)
+            kwargs = {"vision": list(vision[replica])} if vision is not None else {}
+            per_rank.append(((list(prompts[replica]), params[replica]), kwargs))
+        results = self._call("generate", "generate_s", args_per_rank=per_rank, on_done=on_done)
         return [results[replicas.leader(r)] for r in range(replicas.count)]
 
     def sync_weights(self) -> None:

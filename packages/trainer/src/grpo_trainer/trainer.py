@@ -49,6 +49,7 @@ from grpo_trainer.rollout_step import (
     split_ranks,
     step_seed,
 )
+from grpo_trainer.vision import VisionInputs, pixel_inputs
 from grpo_trainer.worker_group import ensure_ray
 
 log = structlog.get_logger()
@@ -122,18 +123,28 @@ class Sampled:
 _TRUNCATION = {"error": "error", "left": "truncate_left", "right": "truncate_right"}
 
 
-def _refuse_images_until_they_reach_the_model(*datasets: PromptDataset | None) -> None:
-    """Images are read, checked and tokenised (`PromptDataset`), but the rollout engines and policy
-    backends do not take pixel inputs yet: training on such prompts would train blind."""
+def _refuse_images_where_they_cannot_go(cfg: TrainerConfig, *datasets: PromptDataset | None) -> None:
+    """Images reach the model through the `hf` rollout engine and the torch backend; the vLLM
+    engine and the Megatron backend do not take them yet, and a blind run is not started."""
+    missing = [
+        what
+        for what, on in (
+            ("rollout.engine=vllm", cfg.rollout.engine == "vllm"),
+            ("actor.backend=megatron", cfg.actor.backend == "megatron"),
+        )
+        if on
+    ]
+    if not missing:
+        return
     for dataset in datasets:
         if dataset is None:
             continue
         with_images = sum(bool(dataset[i].images) for i in range(len(dataset)))
         if with_images:
             raise ValueError(
-                f"{with_images} of {len(dataset)} prompts carry images; grpo reads and checks them, but its "
-                "rollout engines and policy backends do not take images yet (vision-language training is "
-                "in progress), so the model would train blind. Use text-only rows for now."
+                f"{with_images} of {len(dataset)} prompts carry images, and {' and '.join(missing)} does not take "
+                "images yet (vision-language training is in progress): the model would train blind. Use "
+                "rollout.engine=hf with actor.backend=torch, or text-only rows."
             )
 
 
@@ -169,7 +180,7 @@ class _Run:
         self.val_data = (
             PromptDataset(data.val_files, self.tokenizer, **dataset_args) if data.val_files else None
         )
-        _refuse_images_until_they_reach_the_model(self.train_data, self.val_data)
+        _refuse_images_where_they_cannot_go(cfg, self.train_data, self.val_data)
         self.sampler = ResumableSampler(
             len(self.train_data),
             batch_size=data.gen_batch_size or data.train_batch_size,
@@ -177,6 +188,7 @@ class _Run:
             shuffle=data.shuffle,
         )
         self.kl_controller = KLController(cfg.algorithm.kl_ctrl)
+        self._vision: dict[tuple[int, tuple[bytes, ...]], VisionInputs | None] = {}
         self.correction = RolloutCorrection(cfg.algorithm.rollout_correction)
         self.total_steps = cfg.total_training_steps or cfg.total_epochs * len(self.sampler)
         self.rewards = RewardManager(
@@ -208,6 +220,9 @@ class _Run:
             pad_token_id=self.pad_token_id,
             rollout_log_probs=[g.logprobs for g in rollout.generations],
         )
+        if any(item.images for item in rollout.items):
+            batch.vision = [self.vision_of(item) for item in rollout.items]
+        self._vision.clear()  # built once per prompt per step
         num_mini_batches = cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size
         shards = dp_row_split(len(rollout.generations), num_mini_batches=num_mini_batches, dp_size=workers.dp_size)
 
@@ -366,15 +381,30 @@ class _Run:
     def generate(
         self, chunks: list[list[PromptItem]], params: list[SamplingParams]
     ) -> list[list[Generation]]:
-        """Wake the rollout engines, sample every replica's chunk, put the engines back to sleep."""
+        """Wake the rollout engines, sample every replica's chunk (with its prompts' images), put
+        the engines back to sleep."""
         workers = self._workers()
+        vision = [[self.vision_of(p) for p in chunk] for chunk in chunks]
         workers.rollout_wake()
         with tqdm(total=self.world_size, desc="rollout", unit="rank", leave=False, disable=None) as bar:
             outputs = workers.generate(
-                [[p.prompt_ids for p in chunk] for chunk in chunks], params, on_done=lambda _rank: bar.update(1)
+                [[p.prompt_ids for p in chunk] for chunk in chunks],
+                params,
+                vision=vision if any(v is not None for chunk in vision for v in chunk) else None,
+                on_done=lambda _rank: bar.update(1),
             )
         workers.rollout_sleep()
         return outputs
+
+    def vision_of(self, item: PromptItem) -> VisionInputs | None:
+        """A prompt's pixel inputs, built once per prompt by the model's image processor (kept for
+        the step's training batch); None for a text prompt."""
+        if not item.images:
+            return None
+        key = (item.index, item.images)
+        if key not in self._vision:
+            self._vision[key] = pixel_inputs(self.processor.image_processor, item.images)
+        return self._vision[key]
 
     def advantages(self, rewards: torch.Tensor, group_ids: Sequence[Hashable]) -> torch.Tensor:
         """The per-response advantage of `algorithm.adv_estimator`: GRPO's (as `norm_adv_by_std` /

@@ -144,8 +144,10 @@ class PolicyWorker:
             raise RuntimeError("the worker is not set up: call setup() first")
         return self.memory
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        return self.engine.generate(prompts, params)
+    def generate(self, prompts: list[list[int]], params: SamplingParams, vision: list | None = None) -> list[Generation]:
+        if vision is None:
+            return self.engine.generate(prompts, params)
+        return self.engine.generate(prompts, params, vision=vision)
 
     def sync_weights(self) -> None:
         """The policy's current weights into the rollout engine."""

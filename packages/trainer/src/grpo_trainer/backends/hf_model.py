@@ -16,16 +16,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool = False) -> torch.nn.Module:
     """Float32 weights (the optimiser's master copy; lower precision comes from autocast) on
-    `device`. On CPU, MoE experts run as a loop over the hit experts ("eager"): measured 2-3x faster
-    there than transformers' default grouped GEMM for small models."""
-    from transformers import AutoModelForCausalLM
+    `device`. A vision-language checkpoint (a `vision_config`, as Qwen3.5's) loads whole, vision
+    tower included (`AutoModelForImageTextToText`). On CPU, MoE experts run as a loop over the hit
+    experts ("eager"): measured 2-3x faster there than transformers' default grouped GEMM for small
+    models."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
 
     use_torch_kernels_on_cpu()
     if not path:
         raise ValueError("actor.model_path is empty: set it to a Hugging Face model directory or hub id")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
     if device.type == "cpu":
         with contextlib.suppress(ValueError, AttributeError):  # models without switchable experts
             model.set_experts_implementation("eager")
