@@ -20,7 +20,7 @@ import structlog
 
 from grpo_launch.dry_run import render_dry_run
 from grpo_launch.logging_setup import LOG_LEVELS, configure_logging, worker_runtime_env
-from grpo_launch.plan import LaunchPlan, device_from_cli, plan_full, plan_tiny
+from grpo_launch.plan import TINY_PRESETS, LaunchPlan, device_from_cli, plan_full, plan_tiny
 from grpo_launch.profile import DEVICE_KINDS, LaunchProfile
 from grpo_launch.steps import preflight_problems, run_common_steps
 
@@ -38,7 +38,12 @@ def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
         ),
         epilog="Dotted overrides go last, after `--`: e.g. -- actor_rollout_ref.actor.checkpoint.strict=False",
     )
-    parser.add_argument("--preset", choices=("tiny", "full"), default="full", help="default: full")
+    parser.add_argument(
+        "--preset",
+        choices=("tiny", "tiny-vl", "full"),
+        default="full",
+        help="default: full; tiny / tiny-vl: a shrunk text / vision-language model and task on the CPU",
+    )
     parser.add_argument(
         "--device", choices=tuple(DEVICE_KINDS), default=None, help="default: detected (DEVICE env honoured)"
     )
@@ -52,9 +57,13 @@ def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
 
 
 def plan_launch(profile: LaunchProfile, args: argparse.Namespace) -> LaunchPlan:
-    if args.preset == "tiny":
+    if args.preset in TINY_PRESETS:
         return plan_tiny(
-            profile, device=args.device or "cpu", output_dir=args.output_dir, overrides=args.overrides
+            profile,
+            device=args.device or "cpu",
+            output_dir=args.output_dir,
+            overrides=args.overrides,
+            preset=args.preset,
         )
     return plan_full(
         profile,

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 import grpo_config
-from grpo_launch.plan import PROXY_VARS, LaunchPlan, env_kept
+from grpo_launch.plan import PROXY_VARS, TINY_PRESETS, LaunchPlan, env_kept
 
 
 def world_summary(plan: LaunchPlan) -> dict[str, Any]:
@@ -35,8 +35,8 @@ def world_summary(plan: LaunchPlan) -> dict[str, Any]:
 
 
 def steps_summary(plan: LaunchPlan) -> list[str]:
-    if plan.preset == "tiny":
-        return [f"build the tiny model and task under {plan.output_dir}", "apply the environment", "train"]
+    if plan.preset in TINY_PRESETS:
+        return [f"build the {plan.preset} model and task under {plan.output_dir}", "apply the environment", "train"]
     assert plan.data is not None
     data = plan.data
     prepare = (

@@ -16,7 +16,9 @@ from grpo_launch.errors import LaunchError
 from grpo_launch.profile import DEVICE_KINDS, LaunchProfile, deep_merge
 from grpo_launch.recipes import RECIPES
 
-Preset = Literal["tiny", "full"]
+Preset = Literal["tiny", "tiny-vl", "full"]
+# Presets that build their own model and task on the CPU.
+TINY_PRESETS = ("tiny", "tiny-vl")
 
 _CLI_NAMES = {kind: name for name, kind in DEVICE_KINDS.items()}
 
@@ -116,20 +118,26 @@ def plan_full(
 
 
 def plan_tiny(
-    profile: LaunchProfile, *, device: str, output_dir: Path | None, overrides: Sequence[str]
+    profile: LaunchProfile,
+    *,
+    device: str,
+    output_dir: Path | None,
+    overrides: Sequence[str],
+    preset: Preset = "tiny",
 ) -> LaunchPlan:
-    """The tiny preset: `grpo_launch.presets.tiny_preset` builds a shrunk model and task under the
-    output directory; the CLI overrides go over it. The device is the CPU unless chosen explicitly."""
-    from grpo_launch.presets import tiny_preset  # builds models: imported only when asked for
+    """A tiny preset: `grpo_launch.presets.tiny_preset` (text) or `tiny_vl_preset` (vision-language)
+    builds a shrunk model and task under the output directory; the CLI overrides go over it. The
+    device is the CPU unless chosen explicitly."""
+    from grpo_launch.presets import tiny_preset, tiny_vl_preset  # build models: imported only when asked for
 
-    out = (output_dir or Path("outputs") / f"{profile.launcher.removeprefix('grpo-launch-')}-tiny").absolute()
-    base = tiny_preset(out)
+    out = (output_dir or Path("outputs") / f"{profile.launcher.removeprefix('grpo-launch-')}-{preset}").absolute()
+    base = tiny_vl_preset(out) if preset == "tiny-vl" else tiny_preset(out)
     merged = deep_merge(base, {"device": {"kind": DEVICE_KINDS[device]}})
     config = _load(merged, overrides, num_experts=None)
     return LaunchPlan(
         launcher=profile.launcher,
         model_id=profile.model_id,
-        preset="tiny",
+        preset=preset,
         device=device,
         config=config,
         env=env_profile_vars(device, {}),

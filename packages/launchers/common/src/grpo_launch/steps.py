@@ -11,7 +11,7 @@ import structlog
 
 import grpo_device
 from grpo_launch.errors import LaunchError
-from grpo_launch.plan import PROXY_VARS, DataPlan, LaunchPlan
+from grpo_launch.plan import PROXY_VARS, TINY_PRESETS, DataPlan, LaunchPlan
 from grpo_launch.profile import DEVICE_KINDS
 
 log = structlog.get_logger()
@@ -45,7 +45,7 @@ def data_problem(data: DataPlan, *, will_prepare: bool) -> str | None:
 
 def preflight_problems(plan: LaunchPlan) -> list[str]:
     """What a real launch of `plan` would stop on (the tiny preset builds its own model and data)."""
-    if plan.preset == "tiny" or plan.data is None:
+    if plan.preset in TINY_PRESETS or plan.data is None:
         return []
     problems = [model_problem(plan), data_problem(plan.data, will_prepare=True)]
     return [p for p in problems if p]

@@ -92,6 +92,11 @@ class HFRolloutEngine:
             "output_logits": True,
             "return_dict_in_generate": True,
         }
+        vision_tokens = self._vision_token_ids()
+        if vision_tokens:
+            # A response never holds image or video placeholders: the model would look for pixels
+            # for them. Suppressed in sampling; the log-probs reported stay the raw ones.
+            common["suppress_tokens"] = vision_tokens
         if not sample:
             return GenerationConfig(**common)
         return GenerationConfig(
@@ -100,6 +105,11 @@ class HFRolloutEngine:
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else 0,  # 0 disables (HF's default would be 50)
         )
+
+    def _vision_token_ids(self) -> list[int]:
+        config = getattr(self.model, "config", None)
+        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        return sorted({i for name in names if isinstance(i := getattr(config, name, None), int)})
 
     @torch.no_grad()
     def _generate_chunk(

@@ -4,5 +4,6 @@ import in the trainer."""
 
 from grpo_launch.presets.tiny import tiny_preset
 from grpo_launch.presets.tiny_task import DATA_SOURCE as TINY_DATA_SOURCE
+from grpo_launch.presets.tiny_vl import tiny_vl_preset
 
-__all__ = ["TINY_DATA_SOURCE", "tiny_preset"]
+__all__ = ["TINY_DATA_SOURCE", "tiny_preset", "tiny_vl_preset"]
