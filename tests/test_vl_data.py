@@ -151,3 +151,44 @@ def test_the_hf_engine_generates_from_the_image(tmp_path: Path, processor) -> No
     assert own[2].token_ids == other[2].token_ids  # the text prompt's draws do not depend on row 0's image
     with pytest.raises(ValueError, match="1 vision inputs for 2 prompts"):
         engine.generate(prompts, params, vision=[images[0]])
+
+
+def test_prepared_geo3k_rows_keep_their_images_and_score_as_verl(tmp_path: Path, processor) -> None:
+    """geo3k as `prepare-data` writes it (images as {bytes, path} structs, `<image>` in the problem)
+    reaches the processor with its image, and its reward is verl's: 0.9 x accuracy of the last
+    boxed answer + 0.1 x the `<think>...</think> ... \\boxed{}` format."""
+    import datasets
+
+    from grpo_launch.prepare_data import prepare_dataset
+    from grpo_trainer.rewards import get_reward_fn
+
+    answers = ["2\\sqrt{3}", "\\frac{4}{3}", "60"]
+    features = datasets.Features(
+        {"images": datasets.List(datasets.Image()), "problem": datasets.Value("string"), "answer": datasets.Value("string")}
+    )
+
+    def split(offset: int) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(
+            {
+                "images": [[Image.new("RGB", (64, 64), (40 * i, 90, 0))] for i in range(3)],
+                "problem": [f"<image>Find x in triangle {offset + i}." for i in range(3)],
+                "answer": answers,
+            },
+            features=features,
+        )
+
+    source = tmp_path / "geo3k_saved"
+    datasets.DatasetDict({"train": split(0), "test": split(3)}).save_to_disk(source)
+    written = prepare_dataset("geo3k", output_dir=tmp_path / "geo3k", source=str(source))
+    data = PromptDataset([written["train"]], processor.tokenizer, processor=processor, max_prompt_length=512)
+    assert len(data) == 3 and data.report.n_malformed == 0
+    score = get_reward_fn(data[0].data_source)
+    for i in range(3):
+        item = data[i]
+        assert item.prompt_ids.count(processor.image_token_id) == TOKENS_PER_IMAGE and len(item.images) == 1
+        truth = item.ground_truth
+        assert truth == answers[i]
+        assert score(f"<think>the angles add up</think> so \\boxed{{{truth}}}", truth) == pytest.approx(1.0)
+        assert score(f"so \\boxed{{{truth}}}", truth) == pytest.approx(0.9)  # no think block
+        assert score("<think>hm</think> \\boxed{7}", truth) == pytest.approx(0.1)  # format only
+        assert score(f"<think>x</think> \\boxed{{7}} then \\boxed{{{truth}}}", truth) == pytest.approx(1.0)  # the last box
