@@ -258,6 +258,9 @@ READ: dict[str, tuple[str, ...]] = {
     "reward.overlong_buffer.len": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
     "reward.overlong_buffer.penalty_factor": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
     "reward.overlong_buffer.log": (f"{ALGO}::test_overlong_shaping_logs_only_when_asked",),
+    "actor.freeze_vision_tower": (
+        "tests/test_vl_data.py::test_one_update_with_images_trains_the_vision_tower_unless_frozen",
+    ),
     "actor.policy_loss.loss_mode": (
         f"{TRAINER}/test_loss.py::test_the_policy_loss_mode_and_the_rollout_weights_reach_the_policy_term",
         ALGO_TRAIN,

@@ -192,3 +192,48 @@ def test_prepared_geo3k_rows_keep_their_images_and_score_as_verl(tmp_path: Path,
         assert score(f"so \\boxed{{{truth}}}", truth) == pytest.approx(0.9)  # no think block
         assert score("<think>hm</think> \\boxed{7}", truth) == pytest.approx(0.1)  # format only
         assert score(f"<think>x</think> \\boxed{{7}} then \\boxed{{{truth}}}", truth) == pytest.approx(1.0)  # the last box
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_one_update_with_images_trains_the_vision_tower_unless_frozen(tmp_path: Path, processor, freeze) -> None:
+    """The torch backend loads the VL checkpoint whole and trains on a batch with pixels;
+    `actor.freeze_vision_tower` (verl's key) keeps the vision tower's weights as they were."""
+    import grpo_config
+    import torch
+
+    from grpo_trainer.actor import Actor
+    from grpo_trainer.backends.torch_backend import TorchBackend
+    from grpo_trainer.batching import pad_rows
+    from grpo_trainer.vision import pixel_inputs
+
+    model_dir = tiny_vl_model.ensure_tiny_vl_model(tmp_path / "vl_model", texts=tiny_vl_task.corpus())
+    rows = tiny_vl_task.make_rows(count=4, seed=6, split="train")
+    tiny_task.write_parquet(rows, tmp_path / "four.parquet")
+    data = PromptDataset([tmp_path / "four.parquet"], processor.tokenizer, processor=processor, max_prompt_length=64)
+    cfg = grpo_config.load(
+        {
+            "actor": {
+                "model_path": str(model_dir),
+                "dtype": "float32",
+                "lr": 1e-2,
+                "ppo_mini_batch_size": 1,
+                "ppo_micro_batch_size_per_device": 2,
+                "use_kl_loss": False,
+                "freeze_vision_tower": freeze,
+            },
+            "rollout": {"engine": "hf", "n": 4},
+            "data": {"max_response_length": 4, "train_batch_size": 1},
+        }
+    )
+    actor = Actor(cfg, TorchBackend(cfg, device=torch.device("cpu")))
+    response = processor.tokenizer("12", add_special_tokens=False)["input_ids"]
+    batch = pad_rows([data[i].prompt_ids for i in range(4)], [response] * 4, pad_token_id=processor.tokenizer.pad_token_id)
+    batch.vision = [pixel_inputs(processor.image_processor, data[i].images) for i in range(4)]
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    batch.old_log_probs = actor.log_probs(batch)["log_probs"]
+    module = actor.backend.module
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    actor.update_mini_batch(batch)
+    changed = {n for n, p in module.named_parameters() if not torch.equal(p, before[n])}
+    assert any(n.startswith("model.language_model.") for n in changed)
+    assert any(n.startswith("model.visual.") for n in changed) != freeze

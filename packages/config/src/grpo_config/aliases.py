@@ -70,6 +70,7 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_A}.loss_agg_mode": "actor.loss_agg_mode",
         f"{_A}.loss_scale_factor": "actor.loss_scale_factor",
         f"{_A}.policy_loss": "actor.policy_loss",
+        f"{_A}.freeze_vision_tower": "actor.freeze_vision_tower",
         f"{_A}.checkpoint.strict": "checkpoint.strict",
         f"{_A}.checkpoint.save_contents": "checkpoint.save_contents",
         f"{_A}.megatron.tensor_model_parallel_size": "parallel.tp",

@@ -128,6 +128,7 @@ class ActorConfig:
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_device: int = 16384
     gradient_checkpointing: bool = False
+    freeze_vision_tower: bool = False  # a vision-language model's vision tower is not trained
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 

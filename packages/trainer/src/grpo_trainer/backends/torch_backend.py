@@ -53,6 +53,8 @@ class TorchBackend:
                 else load_causal_lm(ref_path, device=device, trust_remote_code=actor.trust_remote_code)
             )
             self.ref_module.requires_grad_(False).eval()
+        if actor.freeze_vision_tower:
+            _vision_tower(self.module, actor.model_path).requires_grad_(False)
         if actor.gradient_checkpointing:
             # transformers >= 5.17 names it activation checkpointing; older releases do not have that.
             enable = getattr(self.module, "activation_checkpointing_enable", None) or self.module.gradient_checkpointing_enable
@@ -186,3 +188,14 @@ class TorchBackend:
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key != "step":
                     state[key] = value.to(device)
+
+
+def _vision_tower(module: torch.nn.Module, path: str) -> torch.nn.Module:
+    """A vision-language model's vision tower (`model.visual` in transformers' Qwen-VL classes)."""
+    tower = getattr(getattr(module, "model", None), "visual", None) or getattr(module, "visual", None)
+    if tower is None:
+        raise ValueError(
+            f"actor.freeze_vision_tower=true, but the model at {path} has no vision tower (a text-only "
+            "model): remove the setting or use the vision-language checkpoint"
+        )
+    return tower
