@@ -198,9 +198,9 @@ def test_prepared_geo3k_rows_keep_their_images_and_score_as_verl(tmp_path: Path,
 def test_one_update_with_images_trains_the_vision_tower_unless_frozen(tmp_path: Path, processor, freeze) -> None:
     """The torch backend loads the VL checkpoint whole and trains on a batch with pixels;
     `actor.freeze_vision_tower` (verl's key) keeps the vision tower's weights as they were."""
-    import grpo_config
     import torch
 
+    import grpo_config
     from grpo_trainer.actor import Actor
     from grpo_trainer.backends.torch_backend import TorchBackend
     from grpo_trainer.batching import pad_rows
