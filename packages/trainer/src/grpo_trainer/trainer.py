@@ -124,17 +124,10 @@ _TRUNCATION = {"error": "error", "left": "truncate_left", "right": "truncate_rig
 
 
 def _refuse_images_where_they_cannot_go(cfg: TrainerConfig, *datasets: PromptDataset | None) -> None:
-    """Images reach the model through the `hf` rollout engine and the torch backend; the vLLM
-    engine and the Megatron backend do not take them yet, and a blind run is not started."""
-    missing = [
-        what
-        for what, on in (
-            ("rollout.engine=vllm", cfg.rollout.engine == "vllm"),
-            ("actor.backend=megatron", cfg.actor.backend == "megatron"),
-        )
-        if on
-    ]
-    if not missing:
+    """Images reach the model through both rollout engines and the torch backend; the Megatron
+    backend does not take them yet (it trains the language model through a text-only view), and a
+    blind run is not started."""
+    if cfg.actor.backend != "megatron":
         return
     for dataset in datasets:
         if dataset is None:
@@ -142,9 +135,9 @@ def _refuse_images_where_they_cannot_go(cfg: TrainerConfig, *datasets: PromptDat
         with_images = sum(bool(dataset[i].images) for i in range(len(dataset)))
         if with_images:
             raise ValueError(
-                f"{with_images} of {len(dataset)} prompts carry images, and {' and '.join(missing)} does not take "
-                "images yet (vision-language training is in progress): the model would train blind. Use "
-                "rollout.engine=hf with actor.backend=torch, or text-only rows."
+                f"{with_images} of {len(dataset)} prompts carry images, and actor.backend=megatron does not take "
+                "images yet (it trains the language model through a text-only view of the checkpoint): the model "
+                "would train blind. Use actor.backend=torch, or text-only rows."
             )
 
 

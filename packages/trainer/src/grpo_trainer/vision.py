@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
-VisionInputs = dict[str, torch.Tensor]
+# {"pixel_values", "image_grid_thw"} tensors, and "images": the PNG bytes they came from (what an
+# engine that runs its own processor, vLLM, takes).
+VisionInputs = dict[str, Any]
 
 
 def pixel_inputs(image_processor: Any, images: Sequence[bytes]) -> VisionInputs | None:
@@ -23,7 +25,14 @@ def pixel_inputs(image_processor: Any, images: Sequence[bytes]) -> VisionInputs 
 
     decoded = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
     out = image_processor(images=decoded, return_tensors="pt")
-    return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+    return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"], "images": tuple(images)}
+
+
+def decoded_images(vision: VisionInputs) -> list[Any]:
+    """The prompt's images as RGB PIL images."""
+    from PIL import Image
+
+    return [Image.open(io.BytesIO(data)).convert("RGB") for data in vision["images"]]
 
 
 def join_rows(rows: Sequence[VisionInputs | None] | None) -> VisionInputs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import glob
+import hashlib
 import os
 import shutil
 import time
@@ -29,6 +30,7 @@ from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
 from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, iter_buckets, pack_bucket, write_bucket_file
+from grpo_trainer.vision import decoded_images
 
 if TYPE_CHECKING:
     from grpo_config.schema import TrainerConfig
@@ -95,6 +97,7 @@ class VLLMRolloutEngine:
         self.sleep_mode = enable_sleep_mode and self.sleep_supported
         self.platform = str(current_platform.device_type or "unknown")
         self.asleep_tags: set[str] = set()  # what vLLM sleep mode has released
+        self.weights_version = 0  # weight syncs so far: images are cached per version
         self.sleep_warned: set[str] = set()  # operations already logged as unavailable
         kwargs: dict[str, Any] = {
             "model": model_path,
@@ -180,6 +183,11 @@ class VLLMRolloutEngine:
         kwargs.update(overrides)
         return cls(**kwargs)
 
+    def _vision_token_ids(self) -> list[int]:
+        config = self.llm.llm_engine.vllm_config.model_config.hf_config
+        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        return sorted({i for name in names if isinstance(i := getattr(config, name, None), int)})
+
     def vllm_sampling_params(self, params: SamplingParams, *, seed: int | None = None) -> Any:
         """The `vllm.SamplingParams` that `generate` sends (also what the benchmark's direct
         `LLM.generate` baseline uses)."""
@@ -199,9 +207,18 @@ class VLLMRolloutEngine:
             logprobs=0,  # only the sampled token's log-prob
             flat_logprobs=True,
             detokenize=False,
+            # A response never holds vision placeholders (the policy would look for their pixels);
+            # the log-probs reported stay the raw ones.
+            logit_bias=dict.fromkeys(self._vision_token_ids(), -100.0) or None,
         )
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, vision: Sequence[Any] | None = None
+    ) -> list[Generation]:
+        """`vision[i]`: prompt i's vision inputs (`grpo_trainer.vision`); vLLM takes its images and
+        runs the model's processor itself."""
+        if vision is not None and len(vision) != len(prompts):
+            raise ValueError(f"{len(vision)} vision inputs for {len(prompts)} prompts")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         if self.asleep_tags:
@@ -216,7 +233,15 @@ class VLLMRolloutEngine:
             )
             for i in range(len(prompts))
         ]
-        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        requests: list[dict[str, Any]] = [{"prompt_token_ids": list(p)} for p in prompts]
+        for request, inputs in zip(requests, vision or (), strict=False):
+            if inputs is not None:
+                request["multi_modal_data"] = {"image": decoded_images(inputs)}
+                # vLLM caches an image's encoder output by its hash: one per weights version, so an
+                # image seen before a sync is encoded again with the new vision tower.
+                request["multi_modal_uuids"] = {
+                    "image": [f"{hashlib.sha1(png).hexdigest()}-w{self.weights_version}" for png in inputs["images"]]
+                }
         outputs = self.llm.generate(requests, per_prompt, use_tqdm=False)
         generations: list[Generation] = []
         for prompt_index, request_output in enumerate(outputs):
@@ -265,6 +290,8 @@ class VLLMRolloutEngine:
                 self.llm.collective_rpc("grpo_finish_weight_sync")
             if opened and "kv_cache" not in self.asleep_tags:  # sleeping dropped the prefix cache
                 self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            if opened:
+                self.weights_version += 1
         if missing:
             log.warning("vllm_engine.weights_not_synced", count=len(missing), names=missing[:8])
         log.info(
