@@ -237,3 +237,24 @@ def test_one_update_with_images_trains_the_vision_tower_unless_frozen(tmp_path: 
     changed = {n for n, p in module.named_parameters() if not torch.equal(p, before[n])}
     assert any(n.startswith("model.language_model.") for n in changed)
     assert any(n.startswith("model.visual.") for n in changed) != freeze
+
+
+def test_placeholder_ids_are_the_configs_vision_tokens_inside_the_vocabulary(tmp_path: Path) -> None:
+    """A text checkpoint saved in the vision-language layout keeps transformers' default vision ids
+    (248053, ...), outside a small vocabulary: those are not tokens of the model and are left out
+    (vLLM refuses out-of-vocabulary ids in a logit bias)."""
+    from transformers import AutoConfig
+
+    from grpo_launch.presets.tiny_model import save_vision_language_layout
+    from grpo_trainer.vision import placeholder_ids
+
+    vl = AutoConfig.from_pretrained(tiny_vl_model.ensure_tiny_vl_model(tmp_path / "vl", texts=tiny_vl_task.corpus()))
+    assert placeholder_ids(vl) == sorted(
+        {vl.image_token_id, vl.video_token_id, vl.vision_start_token_id, vl.vision_end_token_id}
+    )
+    assert all(i < vl.text_config.vocab_size for i in placeholder_ids(vl))
+    from grpo_launch import tiny_preset
+
+    text_dir = tiny_preset(tmp_path / "text")["actor"]["model_path"]
+    layout = AutoConfig.from_pretrained(save_vision_language_layout(Path(text_dir), tmp_path / "layout"))
+    assert layout.image_token_id >= layout.text_config.vocab_size and placeholder_ids(layout) == []

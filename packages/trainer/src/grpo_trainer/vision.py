@@ -44,6 +44,16 @@ def join_rows(rows: Sequence[VisionInputs | None] | None) -> VisionInputs:
     return {key: torch.cat([r[key] for r in present]) for key in ("pixel_values", "image_grid_thw")}
 
 
+def placeholder_ids(config: Any) -> list[int]:
+    """The vision placeholder token ids of a model config (image, video, vision start / end) that
+    are in its vocabulary: what a response never holds. [] for a text model."""
+    text = getattr(config, "text_config", None) or config
+    vocab = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None)
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    ids = {i for name in names if isinstance(i := getattr(config, name, None), int)}
+    return sorted(i for i in ids if vocab is None or 0 <= i < vocab)
+
+
 def token_types(input_ids: torch.Tensor, config: Any) -> torch.Tensor:
     """Qwen3.5's `mm_token_type_ids` (1 on image tokens, 2 on video tokens, 0 elsewhere), which its
     multimodal RoPE reads; derived from the ids as the processor does."""

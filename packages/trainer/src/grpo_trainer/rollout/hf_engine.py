@@ -18,7 +18,7 @@ from transformers import GenerationConfig
 
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout.hf_weight_names import checkpoint_target
-from grpo_trainer.vision import VisionInputs, join_rows, token_types
+from grpo_trainer.vision import VisionInputs, join_rows, placeholder_ids, token_types
 
 log = structlog.get_logger()
 
@@ -108,8 +108,7 @@ class HFRolloutEngine:
 
     def _vision_token_ids(self) -> list[int]:
         config = getattr(self.model, "config", None)
-        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-        return sorted({i for name in names if isinstance(i := getattr(config, name, None), int)})
+        return placeholder_ids(config) if config is not None else []
 
     @torch.no_grad()
     def _generate_chunk(

@@ -30,7 +30,7 @@ from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
 from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, iter_buckets, pack_bucket, write_bucket_file
-from grpo_trainer.vision import decoded_images
+from grpo_trainer.vision import decoded_images, placeholder_ids
 
 if TYPE_CHECKING:
     from grpo_config.schema import TrainerConfig
@@ -184,9 +184,7 @@ class VLLMRolloutEngine:
         return cls(**kwargs)
 
     def _vision_token_ids(self) -> list[int]:
-        config = self.llm.llm_engine.vllm_config.model_config.hf_config
-        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-        return sorted({i for name in names if isinstance(i := getattr(config, name, None), int)})
+        return placeholder_ids(self.llm.llm_engine.vllm_config.model_config.hf_config)
 
     def vllm_sampling_params(self, params: SamplingParams, *, seed: int | None = None) -> Any:
         """The `vllm.SamplingParams` that `generate` sends (also what the benchmark's direct
