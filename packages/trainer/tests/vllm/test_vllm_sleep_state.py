@@ -37,6 +37,7 @@ def _engine(*, sleep_mode: bool = True) -> VLLMRolloutEngine:
     engine.sleep_mode = engine.sleep_supported = sleep_mode
     engine.sleep_level = 1
     engine.asleep_tags = set()
+    engine.weights_version = 0
     engine.sleep_warned = set()
     engine.vision_language = False
     engine.bucket_bytes = 2**20
@@ -63,9 +64,11 @@ def test_sync_on_a_sleeping_engine_wakes_the_weights_first_and_leaves_the_kv_cac
 
 
 def test_awake_sync_resets_the_prefix_cache():
+    """...and starts a new weights version, under which images are encoded again."""
     engine = _engine()
     engine.update_weights([("w", torch.ones(4))])
     assert engine.llm.calls[-1] == ("reset_prefix_cache",)
+    assert engine.weights_version == 1
 
 
 def test_without_sleep_mode_sleep_and_wake_only_log():
