@@ -27,6 +27,11 @@ def tiny_preset(workdir: Path) -> dict[str, Any]:
         tiny_task.write_parquet(tiny_task.make_rows(count=TRAIN_ROWS, seed=0, split="train"), train_file)
     if not val_file.exists():
         tiny_task.write_parquet(tiny_task.make_rows(count=VAL_ROWS, seed=1, split="val"), val_file)
+    return tiny_config(workdir, model_dir=model_dir, train_file=train_file, val_file=val_file)
+
+
+def tiny_config(workdir: Path, *, model_dir: Path, train_file: Path, val_file: Path) -> dict[str, Any]:
+    """The tiny run's settings over a built model and data (the `tiny-vl` preset shares them)."""
     return {
         "project_name": "grpo",
         "experiment_name": "tiny",

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_launch.presets import tiny_vl_model, tiny_vl_task
-from grpo_launch.presets.tiny import tiny_preset
+from grpo_launch.presets.tiny import tiny_config
 
 TRAIN_ROWS = 256
 VAL_ROWS = 32
@@ -27,10 +27,7 @@ def tiny_vl_preset(workdir: Path) -> dict[str, Any]:
         tiny_vl_task.write_rows(tiny_vl_task.make_rows(count=TRAIN_ROWS, seed=0, split="train"), train_file)
     if not val_file.exists():
         tiny_vl_task.write_rows(tiny_vl_task.make_rows(count=VAL_ROWS, seed=1, split="val"), val_file)
-    config = tiny_preset(workdir / "text")  # the same run settings; its own model and data unused
+    config = tiny_config(workdir, model_dir=model_dir, train_file=train_file, val_file=val_file)
     config["experiment_name"] = "tiny_vl"
-    config["data"].update(train_files=[str(train_file)], val_files=[str(val_file)], max_prompt_length=16)
-    config["actor"]["model_path"] = str(model_dir)
-    config["checkpoint"]["dir"] = str(workdir / "checkpoints")
-    config["logging"]["dir"] = str(workdir / "runs")
+    config["data"]["max_prompt_length"] = 16  # an image's 4 tokens, its vision span and the question
     return config
