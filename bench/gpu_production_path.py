@@ -26,25 +26,17 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from algorithms_tiny import VARIANTS
 from megatron_gpu_train import MEGATRON
 
 PHASES = ("generate", "reward", "old_log_probs", "ref_log_probs", "update", "weight_sync", "step")
 # Runs beside "resident" / "offload" (both plain GRPO): the algorithms, on the real rollout-training
 # mismatch of vLLM (bf16) against the Megatron actor.
+# The CPU benchmark's variants (bench/algorithms_tiny.py), DAPO without its overlong shaping.
 ALGORITHMS: dict[str, list[str]] = {
-    "tis": ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"],
-    "gspo": [
-        "actor.policy_loss.loss_mode=gspo",
-        "actor.loss_agg_mode=seq-mean-token-mean",
-        "actor.clip_ratio_low=0.0003",
-        "actor.clip_ratio_high=0.0004",
-    ],
-    "dapo": [
-        "algorithm.filter_groups.enable=true",
-        "algorithm.filter_groups.max_num_gen_batches=10",
-        "data.gen_batch_size=24",
-        "actor.clip_ratio_high=0.28",
-    ],
+    "tis": VARIANTS["tis"],
+    "gspo": VARIANTS["gspo"],
+    "dapo": [o for o in VARIANTS["dapo"] if not o.startswith("reward.overlong_buffer.")],
 }
 REPORTED = (
     "rollout_corr/kl",

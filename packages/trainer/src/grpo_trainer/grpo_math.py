@@ -212,6 +212,15 @@ def _token_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Ten
     return advantages
 
 
+def _ppo_clip(
+    ratio: torch.Tensor, advantages: torch.Tensor, *, clip_ratio_low: float, clip_ratio_high: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token: (unclipped, clipped, their maximum) of `-A * ratio`."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    return unclipped, clipped, torch.maximum(unclipped, clipped)
+
+
 def _vanilla_losses(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -226,10 +235,9 @@ def _vanilla_losses(
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
     log_ratio = torch.clamp(log_probs - old_log_probs, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    clip_loss = torch.maximum(unclipped, clipped)
+    unclipped, clipped, clip_loss = _ppo_clip(
+        torch.exp(log_ratio), advantages, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high
+    )
     dual_bound = -advantages * clip_ratio_c
     losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
     with torch.no_grad():
@@ -262,9 +270,9 @@ def _gspo_losses(
     seq_log_ratio = masked_sum(log_ratio, response_mask, dim=-1) / lengths
     token_log_ratio = log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    losses = torch.maximum(unclipped, clipped)
+    unclipped, clipped, losses = _ppo_clip(
+        ratio, advantages, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high
+    )
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).to(log_probs.dtype), response_mask),

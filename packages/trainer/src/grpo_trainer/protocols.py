@@ -32,8 +32,11 @@ class Generation:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        """Sample `params.n` responses for each prompt (token ids, no re-tokenising). Returns
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, vision: Sequence[Any] | None = None
+    ) -> list[Generation]:
+        """Sample `params.n` responses for each prompt (token ids, no re-tokenising), with
+        `vision[i]`, prompt i's vision inputs (`grpo_trainer.vision`), when given. Returns
         `len(prompts) * params.n` generations grouped by prompt, in prompt order."""
         ...
 

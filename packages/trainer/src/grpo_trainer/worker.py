@@ -145,8 +145,6 @@ class PolicyWorker:
         return self.memory
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, vision: list | None = None) -> list[Generation]:
-        if vision is None:
-            return self.engine.generate(prompts, params)
         return self.engine.generate(prompts, params, vision=vision)
 
     def sync_weights(self) -> None:

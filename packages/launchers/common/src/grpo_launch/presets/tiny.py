@@ -7,6 +7,7 @@ fallback was not needed. Task: "repeat the digit" (see `tiny_task`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,18 @@ def tiny_preset(workdir: Path) -> dict[str, Any]:
     the nested config dict for `grpo_config.load`. Everything the run writes goes under `workdir`."""
     workdir = Path(workdir).resolve()
     model_dir = tiny_model.ensure_tiny_model(workdir / "model", texts=tiny_task.corpus())
-    data_dir = workdir / "data"
-    train_file, val_file = data_dir / "train.parquet", data_dir / "val.parquet"
-    if not train_file.exists():
-        tiny_task.write_parquet(tiny_task.make_rows(count=TRAIN_ROWS, seed=0, split="train"), train_file)
-    if not val_file.exists():
-        tiny_task.write_parquet(tiny_task.make_rows(count=VAL_ROWS, seed=1, split="val"), val_file)
+    train_file, val_file = ensure_data(workdir / "data", tiny_task.make_rows)
     return tiny_config(workdir, model_dir=model_dir, train_file=train_file, val_file=val_file)
+
+
+def ensure_data(data_dir: Path, make_rows: Callable[..., list[dict[str, Any]]]) -> tuple[Path, Path]:
+    """`train.parquet` (TRAIN_ROWS rows) and `val.parquet` (VAL_ROWS) under `data_dir`, written by
+    `make_rows(count=, seed=, split=)` unless already there."""
+    train_file, val_file = data_dir / "train.parquet", data_dir / "val.parquet"
+    for path, count, seed, split in ((train_file, TRAIN_ROWS, 0, "train"), (val_file, VAL_ROWS, 1, "val")):
+        if not path.exists():
+            tiny_task.write_parquet(make_rows(count=count, seed=seed, split=split), path)
+    return train_file, val_file
 
 
 def tiny_config(workdir: Path, *, model_dir: Path, train_file: Path, val_file: Path) -> dict[str, Any]:

@@ -55,11 +55,6 @@ def make_rows(*, count: int, seed: int, split: str) -> list[dict[str, Any]]:
     return rows
 
 
-def write_rows(rows: list[dict[str, Any]], path) -> None:
-    """The rows as verl-format parquet (images inline as {bytes, path} structs)."""
-    tiny_task.write_parquet(rows, path)
-
-
 def corpus() -> list[str]:
     """Text the tiny tokenizer is trained on: the questions and the answers."""
     return [*QUESTIONS, *tiny_task.corpus()]
