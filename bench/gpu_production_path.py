@@ -1,7 +1,8 @@
 """The production path on one GPU: `train()` with the Megatron actor and the vLLM rollout engine
 colocated in one Ray worker (vLLM in-process through `external_launcher`), weight sync after every
 update, sleep/wake around every rollout, expandable segments toggled, run with and without the
-actor offloaded while the engine is awake.
+actor offloaded while the engine is awake; run `vl`: the tiny-vl preset (images through vLLM and
+the Megatron actor's vision tower).
 
     PYTHONPATH=/tmp/site:packages/launchers/common/src:packages/trainer/src:packages/config/src:packages/device/src:packages/ckpt/src \
         VLLM_USE_FLASHINFER_SAMPLER=0 python bench/gpu_production_path.py --out $OUT [--steps 30]
@@ -79,10 +80,17 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
     import grpo_config
     from grpo_launch import tiny_preset
     from grpo_launch.presets.tiny_model import save_vision_language_layout
+    from grpo_launch.presets.tiny_vl import tiny_vl_preset
     from grpo_trainer import read_metrics, train
 
-    preset = tiny_preset(workdir)
-    model_dir = save_vision_language_layout(Path(preset["actor"]["model_path"]), workdir / "model_vl")
+    if name == "vl":  # the tiny-vl preset: images through vLLM and the Megatron actor's vision tower
+        preset = tiny_vl_preset(workdir)
+        model_dir = Path(preset["actor"]["model_path"])
+        engine_kwargs = '{"gdn_prefill_backend": "triton"}'
+    else:
+        preset = tiny_preset(workdir)
+        model_dir = save_vision_language_layout(Path(preset["actor"]["model_path"]), workdir / "model_vl")
+        engine_kwargs = '{"language_model_only": true, "gdn_prefill_backend": "triton"}'
     flags = "true" if offload else "false"
     overrides = [
         *MEGATRON,
@@ -96,7 +104,7 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
         "rollout.engine=vllm",
         "rollout.enforce_eager=true",
         "rollout.gpu_memory_utilization=0.2",
-        'rollout.engine_kwargs={"language_model_only": true, "gdn_prefill_backend": "triton"}',
+        f"rollout.engine_kwargs={engine_kwargs}",
         f"total_training_steps={steps}",
         "test_freq=-1",
         "checkpoint.save_freq=-1",
@@ -145,7 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--runs", default="offload,resident", help=f"comma- or +-separated: offload, resident, {', '.join(ALGORITHMS)}")
+    parser.add_argument("--runs", default="offload,resident", help=f"comma- or +-separated: offload, resident, vl, {', '.join(ALGORITHMS)}")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}

@@ -54,10 +54,11 @@ def _tiny_qwen35_moe(path: Path) -> Path:
     return path
 
 
-def _megatron_on_cpu(model_path: Path, pg_file: Path) -> tuple[object, list]:
+def _megatron_on_cpu(model_path: Path, pg_file: Path, *, vision_trainable: bool = True) -> tuple[object, list]:
     """(bridge, Megatron model) of `model_path`, opened as the Megatron backend opens it
-    (`build.open_bridge`: a vision-language checkpoint through its language-model view) and built
-    with its settings and local block spec, on the CPU."""
+    (`build.open_bridge`: a vision-language checkpoint through its language-model view, with
+    transformers' vision tower attached by `build.add_vision_tower`) and built with its settings
+    and local block spec, on the CPU."""
     import torch.distributed as dist
 
     import_megatron_bridge()
@@ -65,13 +66,14 @@ def _megatron_on_cpu(model_path: Path, pg_file: Path) -> tuple[object, list]:
     from megatron.core import parallel_state
 
     from grpo_config.schema import TrainerConfig
-    from grpo_trainer.backends.megatron.build import configure_provider, open_bridge
+    from grpo_trainer.backends.megatron.build import add_vision_tower, configure_provider, open_bridge
+    from grpo_trainer.backends.megatron.vision_tower import restore_fp32_buffers
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method=f"file://{pg_file}", rank=0, world_size=1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
-        bridge, _ = open_bridge(AutoBridge, str(model_path), torch_dtype=torch.bfloat16)
+        bridge, vision_language_source = open_bridge(AutoBridge, str(model_path), torch_dtype=torch.bfloat16)
         provider = bridge.to_megatron_provider(load_weights=True)
         cfg = TrainerConfig()
         local = dataclasses.replace(
@@ -82,12 +84,15 @@ def _megatron_on_cpu(model_path: Path, pg_file: Path) -> tuple[object, list]:
             apply_rope_fusion=False,
         )
         configure_provider(provider, cfg, megatron=local, seq_length=128)
+        if vision_language_source is not None:
+            add_vision_tower(provider, str(model_path), trainable=vision_trainable)
         provider.use_cpu_initialization = True
         provider.moe_token_dispatcher_type = "allgather"
         provider.finalize()
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel()
         model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+        restore_fp32_buffers(model)
     return bridge, model
 
 
@@ -145,41 +150,99 @@ def _tiny_qwen35_moe_vl(text_dir: Path, path: Path, *, same_weights: bool = Fals
     return save_vision_language_layout(text_dir, path, language_weights=same_weights)
 
 
-def test_a_vision_language_checkpoint_s_language_model_builds_through_the_text_only_view(
+def test_a_vision_language_checkpoint_builds_with_its_vision_tower_and_exports_it(
     qwen35: tuple[Path, object, list], tmp_path: Path
 ) -> None:
     """Qwen3.5's real layout (`model.language_model.*` + `model.visual.*`): the Megatron backend's
-    `open_bridge` reads its language model in place through a text-only bridge; the built model
-    exports the language model's tensors exactly, under text-only names, and no vision tensor; its
-    strict HF export is in the checkpoint's own layout, vision tower copied, and loads in
-    transformers' conditional-generation class."""
+    `open_bridge` reads it in place through a text-only bridge, and transformers' vision tower is a
+    submodule of the Megatron model, loaded and exported by the bridge (one added mapping). The
+    built model exports every tensor exactly (language model under text-only names, the tower under
+    its own); its strict HF export is in the checkpoint's own layout with the tower the model holds
+    (nothing copied from the source) and loads in transformers' conditional-generation class."""
     hf_dir, _, _ = qwen35
     vl_dir = _tiny_qwen35_moe_vl(hf_dir, tmp_path / "vl", same_weights=True)
     bridge, model = _megatron_on_cpu(vl_dir, tmp_path / "pg")
+    tower = model[0].module.vision_tower
+    assert all(p.requires_grad for p in tower.parameters())
     exported = dict(bridge.export_hf_weights(model, cpu=True, show_progress=False))
-    source = load_file(hf_dir / "model.safetensors")
-    assert set(exported) == set(source)
-    for name, tensor in source.items():
-        assert torch.equal(exported[name], tensor), name
-
-    # The strict HF export goes back into the checkpoint's own layout, vision tower copied.
-    from transformers import Qwen3_5MoeForConditionalGeneration
-
-    report = export_hf(bridge, model, tmp_path / "out", strict=True, vision_language_source=vl_dir)
     original = {}
     for file in vl_dir.glob("*.safetensors"):
         original.update(load_file(file))
+    vision = {k for k in original if k.startswith("model.visual.")}
+    source = load_file(hf_dir / "model.safetensors")
+    assert vision and set(exported) == set(source) | vision
+    for name, tensor in {**source, **{k: original[k] for k in vision}}.items():
+        assert torch.equal(exported[name], tensor), name
+    # The tower's rotary frequencies stay fp32 under the bf16 wrapper, as transformers keeps them.
+    assert {b.dtype for n, b in tower.named_buffers() if "inv_freq" in n} == {torch.float32}
+
+    from transformers import Qwen3_5MoeForConditionalGeneration
+
+    report = export_hf(bridge, model, tmp_path / "out", strict=True, vision_language_source=vl_dir)
     written = {}
     for file in (tmp_path / "out").glob("*.safetensors"):
         written.update(load_file(file))
-    assert set(written) == set(original) and report.complete
-    assert report.copied_from_source == sorted(k for k in original if k.startswith("model.visual."))
+    assert set(written) == set(original) and report.complete and report.copied_from_source == []
     for name, tensor in original.items():
         assert torch.equal(written[name], tensor), name
     _, info = Qwen3_5MoeForConditionalGeneration.from_pretrained(tmp_path / "out", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     manifest = json.loads((tmp_path / "out" / EXPORT_MANIFEST).read_text())["hf_export"]
-    assert manifest["copied_from_source"] == len(report.copied_from_source) > 0
+    assert manifest["copied_from_source"] == 0 and manifest["written"] == len(original)
+
+
+def test_a_frozen_vision_tower_is_built_without_gradients(qwen35: tuple[Path, object, list], tmp_path: Path) -> None:
+    """`actor.freeze_vision_tower=true` (or the reference model): the tower is built with
+    requires_grad off, so Megatron's DDP and optimizer leave it out; the language model trains."""
+    hf_dir, _, _ = qwen35
+    vl_dir = _tiny_qwen35_moe_vl(hf_dir, tmp_path / "vl")
+    _, model = _megatron_on_cpu(vl_dir, tmp_path / "pg", vision_trainable=False)
+    tower = model[0].module.vision_tower
+    assert not any(p.requires_grad for p in tower.parameters())
+    assert all(p.requires_grad for n, p in model[0].named_parameters() if "vision_tower" not in n)
+
+
+def test_the_first_stage_s_decoder_input_is_the_hf_model_s_embeddings_with_its_image_features(
+    qwen35: tuple[Path, object, list], tmp_path: Path
+) -> None:
+    """What the Megatron backend's forward feeds its decoder for a micro-batch with images
+    (`vision_tower.decoder_input`: word embeddings, the vision tower's output at the image tokens,
+    in row-major order) equals transformers' own `inputs_embeds` of the same checkpoint, bf16 both:
+    two rows, three images (one in the first row, two in the second), right padding. Runs on the CPU:
+    the embedding and the tower do; the decoder after it needs the GPU."""
+    from transformers import Qwen3_5MoeForConditionalGeneration
+
+    from grpo_trainer.backends.megatron.vision_tower import decoder_input
+
+    hf_dir, _, _ = qwen35
+    vl_dir = _tiny_qwen35_moe_vl(hf_dir, tmp_path / "vl")
+    config = json.loads((vl_dir / "config.json").read_text())
+    # In-vocabulary vision ids for the 256-token tiny model (Qwen's real ids are past its vocabulary).
+    config.update(image_token_id=250, vision_start_token_id=251, vision_end_token_id=252)
+    (vl_dir / "config.json").write_text(json.dumps(config))
+    _, model = _megatron_on_cpu(vl_dir, tmp_path / "pg")
+    hf = Qwen3_5MoeForConditionalGeneration.from_pretrained(vl_dir, dtype=torch.bfloat16).eval()
+
+    def span(tokens: int) -> list[int]:
+        return [251, *[250] * tokens, 252]
+
+    rows = [[5, 6, *span(4), 7], [8, *span(4), 9, *span(6), 10]]
+    ids = torch.zeros(2, max(map(len, rows)) + 2, dtype=torch.long)
+    for row, tokens in enumerate(rows):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+    grids = torch.tensor([[1, 4, 4], [1, 4, 4], [1, 4, 6]])
+    patch_dim = 3 * 2 * 16 * 16  # channels x temporal patch x patch x patch
+    pixels = torch.randn(int(grids.prod(-1).sum()), patch_dim, generator=torch.Generator().manual_seed(0))
+    vision = {"pixel_values": pixels, "image_grid_thw": grids}
+
+    with torch.no_grad():
+        ours = decoder_input(model[0], ids, vision, image_token_id=250)  # [seq, batch, hidden]
+        words = hf.model.get_input_embeddings()(ids)
+        features = torch.cat(hf.model.get_image_features(pixels, grids).pooler_output)
+        expected = words.masked_scatter((ids == 250).unsqueeze(-1), features.to(words.dtype))
+    assert ours.shape == (ids.shape[1], 2, words.shape[-1]) and features.shape[0] == 14
+    torch.testing.assert_close(ours.transpose(0, 1), expected, rtol=0, atol=0)
+    assert decoder_input(model[0], ids, {}, image_token_id=250) is None  # text: the GPTModel embeds
 
 
 @pytest.mark.vllm

@@ -66,10 +66,9 @@ def test_a_text_only_model_is_refused_images(processor, data_file) -> None:
         PromptDataset([data_file], processor.tokenizer, max_prompt_length=64)
 
 
-def test_the_trainer_refuses_images_where_they_cannot_go_yet(tmp_path: Path, data_file) -> None:
-    """The driver loads the model's processor (AutoProcessor from the checkpoint) and reads the
-    images; with the Megatron backend, which does not take images yet, it stops instead of starting
-    a blind run."""
+def test_the_driver_reads_the_images_through_the_model_s_processor(tmp_path: Path, data_file) -> None:
+    """The driver loads the model's processor (AutoProcessor from the checkpoint) and builds each
+    prompt's vision inputs once."""
     import grpo_config
     from grpo_launch import tiny_preset
     from grpo_trainer.trainer import _Run
@@ -77,8 +76,6 @@ def test_the_trainer_refuses_images_where_they_cannot_go_yet(tmp_path: Path, dat
     model_dir = tiny_vl_model.ensure_tiny_vl_model(tmp_path / "vl_model", texts=tiny_vl_task.corpus())
     preset = tiny_preset(tmp_path / "preset")
     overrides = [f"actor.model_path={model_dir}", f"data.train_files=[{data_file}]", "data.val_files=[]", "data.max_prompt_length=64", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_device=16"]
-    with pytest.raises(ValueError, match=r"4 of 4 prompts carry images, and actor.backend=megatron does not take"):
-        _Run(grpo_config.load(preset, [*overrides, "actor.backend=megatron"]))
     run = _Run(grpo_config.load(preset, overrides))  # hf engine, torch backend: the images go in
     assert run.processor is not None and len(run.train_data) == 4
     vision = run.vision_of(run.train_data[0])

@@ -62,3 +62,16 @@ def test_a_single_file_export_takes_the_vision_tower_in(tmp_path: Path) -> None:
         "model.visual.patch_embed.proj.weight",
     ]
     assert not (out / INDEX_FILE).exists() and not (out / VISION_FILE).exists()
+
+
+def test_an_exported_vision_tower_is_kept_not_overwritten_by_the_source_s(tmp_path: Path) -> None:
+    """The Megatron backend trains the tower and exports it: the source's copy must not replace it."""
+    source, out = _source(tmp_path / "src"), tmp_path / "out"
+    out.mkdir()
+    trained = {"model.embed_tokens.weight": torch.ones(2), "model.visual.patch_embed.proj.weight": torch.full((3,), 9.0)}
+    save_file({**trained, "lm_head.weight": torch.ones(2)}, out / "model.safetensors")
+    (out / "config.json").write_text("{}")
+
+    assert restore_vision_language_layout(out, source=source) == []
+
+    assert torch.equal(load_file(out / "model.safetensors")["model.visual.patch_embed.proj.weight"], torch.full((3,), 9.0))

@@ -139,10 +139,6 @@ CANNOT_HONOUR = [
     ),
     (["actor.clip_ratio_low=10"], "actor.clip_ratio_low=10.0 makes the ratio's lower clip bound"),
     (
-        [*MEGATRON, "actor.freeze_vision_tower=true"],
-        "actor.freeze_vision_tower=true with actor.backend=megatron: the Megatron backend trains the language model only",
-    ),
-    (
         ["actor_rollout_ref.actor.tis_imp_ratio_cap=2"],
         "verl's legacy token-level TIS key; set algorithm.rollout_correction.rollout_is=token",
     ),

@@ -41,7 +41,7 @@ class ExportReport:
     written: list[str]
     model_keys_not_written: list[str] = field(default_factory=list)  # the model has them; the files lack them
     source_keys_not_written: list[str] = field(default_factory=list)  # the source checkpoint has them
-    # Tensors copied unchanged from the source checkpoint (a vision tower that was not trained).
+    # Tensors copied unchanged from the source checkpoint (a vision tower the model did not hold).
     copied_from_source: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -133,9 +133,10 @@ def export_hf(
     Collective (every rank calls it). strict=True: any key the bridge refuses, or any model tensor
     missing from the written files, raises StrictExportError listing missing and unexpected keys.
     strict=False: the report and `grpo_export_manifest.json` list what was skipped. With
-    `vision_language_source` (the model trained the language model of that vision-language
-    checkpoint), the checked export is then put into the source's layout with its vision tower
-    (`vision_language.restore_vision_language_layout`), listed as copied in the report.
+    `vision_language_source` (the model was read from that vision-language checkpoint through a
+    text-only bridge), the checked export is then put into the source's layout
+    (`vision_language.restore_vision_language_layout`); a source vision tensor the model did not
+    export is copied and listed as copied in the report.
     """
     path = Path(path)
     model = model if isinstance(model, list) else [model]

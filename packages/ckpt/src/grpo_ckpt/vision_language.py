@@ -1,10 +1,11 @@
 """Qwen3.5's real checkpoint layout (`*ForConditionalGeneration`): the language model under
 `model.language_model.*`, the vision tower under `model.visual.*`, `lm_head.*` at the top.
 
-A policy trained on the language model alone (the Megatron backend without TransformerEngine)
-exports text-only names; `restore_vision_language_layout` turns such an export back into the
-source checkpoint's layout, with the source's vision tower copied unchanged and its config, so the
-export loads where the source loads (vLLM, transformers' conditional-generation class).
+The Megatron backend reads such a checkpoint through a text-only bridge and exports the language
+model under text-only names (the vision tower under its own); `restore_vision_language_layout`
+turns that export back into the source checkpoint's layout with its config, so it loads where the
+source loads (vLLM, transformers' conditional-generation class). A source tensor the export lacks
+(a vision tower the model did not hold) is copied unchanged and named in the report.
 """
 
 from __future__ import annotations
@@ -31,18 +32,22 @@ def into_language_model_layout(name: str) -> str:
 
 
 def restore_vision_language_layout(path: str | Path, *, source: str | Path) -> list[str]:
-    """Rename the text-only tensors of the export at `path` into `source`'s layout, add `source`'s
-    vision tensors (unchanged) in their own file, update the index and take `source`'s
-    config.json. Returns the names of the copied vision tensors."""
+    """Rename the text-only tensors of the export at `path` into `source`'s layout, add the vision
+    tensors of `source` that the export lacks (unchanged) in their own file, update the index and
+    take `source`'s config.json. Returns the names of the copied vision tensors."""
     from safetensors.torch import load_file, save_file
 
     path, source = Path(path), Path(source)
+    files = sorted(path.glob("*.safetensors"))
+    exported = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            exported.update(handle.keys())
     vision = {}
     for file in sorted(source.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
-            names = [k for k in handle.keys() if k.startswith(VISION_PREFIX)]  # noqa: SIM118 (not a dict)
+            names = [k for k in handle.keys() if k.startswith(VISION_PREFIX) and k not in exported]  # noqa: SIM118
             vision.update({k: handle.get_tensor(k) for k in names})
-    files = sorted(path.glob("*.safetensors"))
     sharded = (path / INDEX_FILE).exists()
     weight_map: dict[str, str] = {}
     for file in files:

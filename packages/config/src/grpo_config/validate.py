@@ -399,12 +399,6 @@ def _unread_problems(cfg: TrainerConfig) -> list[str]:
             )
     if cfg.actor.backend == "megatron":
         problems += _megatron_reference_problems(cfg)
-        if cfg.actor.freeze_vision_tower:
-            problems.append(
-                "actor.freeze_vision_tower=true with actor.backend=megatron: the Megatron backend trains the "
-                "language model only (through a text-only view of the checkpoint), so there is no vision tower "
-                "to freeze. Remove it, or use actor.backend=torch."
-            )
     if cfg.actor.loss_scale_factor is not None and cfg.actor.loss_agg_mode != "seq-mean-token-sum-norm":
         problems.append(
             f"actor.loss_scale_factor={cfg.actor.loss_scale_factor}: read by loss_agg_mode="

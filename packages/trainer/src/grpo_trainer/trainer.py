@@ -123,24 +123,6 @@ class Sampled:
 _TRUNCATION = {"error": "error", "left": "truncate_left", "right": "truncate_right"}
 
 
-def _refuse_images_where_they_cannot_go(cfg: TrainerConfig, *datasets: PromptDataset | None) -> None:
-    """Images reach the model through both rollout engines and the torch backend; the Megatron
-    backend does not take them yet (it trains the language model through a text-only view), and a
-    blind run is not started."""
-    if cfg.actor.backend != "megatron":
-        return
-    for dataset in datasets:
-        if dataset is None:
-            continue
-        with_images = sum(bool(dataset[i].images) for i in range(len(dataset)))
-        if with_images:
-            raise ValueError(
-                f"{with_images} of {len(dataset)} prompts carry images, and actor.backend=megatron does not take "
-                "images yet (it trains the language model through a text-only view of the checkpoint): the model "
-                "would train blind. Use actor.backend=torch, or text-only rows."
-            )
-
-
 def _batches(sampler: ResumableSampler) -> Iterator[list[int]]:
     while True:
         yield from sampler
@@ -173,7 +155,6 @@ class _Run:
         self.val_data = (
             PromptDataset(data.val_files, self.tokenizer, **dataset_args) if data.val_files else None
         )
-        _refuse_images_where_they_cannot_go(cfg, self.train_data, self.val_data)
         self.sampler = ResumableSampler(
             len(self.train_data),
             batch_size=data.gen_batch_size or data.train_batch_size,

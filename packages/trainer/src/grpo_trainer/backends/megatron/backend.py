@@ -32,9 +32,11 @@ from grpo_trainer.backends.megatron.build import (
 )
 from grpo_trainer.backends.megatron.imports import import_megatron_stack
 from grpo_trainer.backends.megatron.state import load_policy_state, policy_state
+from grpo_trainer.backends.megatron.vision_tower import VisionLanguage, decoder_input
 from grpo_trainer.backends.megatron.vocab_parallel import vocab_parallel_log_probs
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
+from grpo_trainer.vision import join_rows
 
 log = structlog.get_logger()
 
@@ -91,12 +93,26 @@ class MegatronBackend:
         return summed.cpu()
 
     # -- the schedule -------------------------------------------------------------------------------
-    def _forward_step(self, step_loss: _StepLoss, data_iterator: Iterator[tuple[int, PolicyBatch]], model: Any) -> Any:
+    def _forward_step(
+        self,
+        step_loss: _StepLoss,
+        vision_language: VisionLanguage | None,
+        data_iterator: Iterator[tuple[int, PolicyBatch]],
+        model: Any,
+    ) -> Any:
         index, micro = next(data_iterator)
         input_ids = micro.input_ids.to(self.device)
-        position_ids = torch.arange(input_ids.shape[1], device=self.device).unsqueeze(0).expand_as(input_ids)
+        vision = join_rows(micro.vision)
         # Right padding + causal attention: real tokens never attend to the padding after them.
-        logits = model(input_ids, position_ids, None)
+        if vision_language is None:
+            if vision:
+                raise ValueError("image inputs reached a text-only Megatron model")
+            position_ids = torch.arange(input_ids.shape[1], device=self.device).unsqueeze(0).expand_as(input_ids)
+            logits = model(input_ids, position_ids, None)
+        else:
+            position_ids = vision_language.positions(input_ids, vision)
+            words_and_images = decoder_input(model, input_ids, vision, image_token_id=vision_language.image_token_id)
+            logits = model(input_ids, position_ids, None, decoder_input=words_and_images)
         return logits, partial(step_loss, index, micro)
 
     def _token_log_probs(
@@ -119,13 +135,14 @@ class MegatronBackend:
             entropy = torch.cat([pad, entropy * valid], dim=1)
         return log_probs, entropy
 
-    def _run(self, model: list[Any], micros: Sequence[PolicyBatch], step_loss: _StepLoss, *, forward_only: bool) -> list[Any]:
+    def _run(self, built: BuiltPolicy, micros: Sequence[PolicyBatch], step_loss: _StepLoss, *, forward_only: bool) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        model = built.model
         numbered = list(enumerate(micros))
         iterators: Any = iter(numbered) if len(model) == 1 else [iter(numbered) for _ in model]
         return get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, step_loss),
+            forward_step_func=partial(self._forward_step, step_loss, built.vision_language),
             data_iterator=iterators,
             model=model,
             num_microbatches=len(micros),
@@ -171,7 +188,7 @@ class MegatronBackend:
         for chunk in model:
             chunk.eval()
         try:
-            outputs = self._run(model, micros, step_loss, forward_only=True)
+            outputs = self._run(built, micros, step_loss, forward_only=True)
         finally:
             for chunk in model:
                 chunk.train()
@@ -207,7 +224,7 @@ class MegatronBackend:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        outputs = self._run(self.model, micros, step_loss, forward_only=False)
+        outputs = self._run(self.policy, micros, step_loss, forward_only=False)
         sums = torch.zeros(loss_fn.num_metrics, dtype=torch.float64, device=self.device)
         if self._last_stage():
             for out in outputs:

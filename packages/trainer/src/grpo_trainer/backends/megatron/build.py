@@ -55,9 +55,11 @@ class BuiltPolicy:
     provider: Any
     model: list[torch.nn.Module]
     layout: ParallelLayout
-    # The vision-language checkpoint whose language model this is (its HF export goes back into
-    # that layout, vision tower copied); None for a text-only checkpoint.
+    # The vision-language checkpoint this model was built from (its HF export goes back into that
+    # layout); None for a text-only checkpoint.
     vision_language_source: str | None = None
+    # Its image token and multimodal RoPE layout (`vision_tower.VisionLanguage`); None for text.
+    vision_language: Any = None
 
 
 def _accelerator(kind: DeviceKind | str) -> DeviceKind:
@@ -137,12 +139,16 @@ def configure_provider(
 
 
 def open_bridge(auto_bridge: Any, model_path: str, **kwargs: Any) -> tuple[Any, str | None]:
-    """(the bridge over `model_path`, the vision-language checkpoint it reads the language model of
-    or None). For a vision-language checkpoint (Qwen3.5's real layout) the bridge is a text-only
-    one over its language model (`language_model_view`)."""
+    """(the bridge over `model_path`, the vision-language checkpoint it reads or None). For a
+    vision-language checkpoint (Qwen3.5's real layout) the bridge is a text-only one reading it
+    through `language_model_view`, which also maps the vision tower (`vision_tower`)."""
     config = vision_language_config(model_path)
     if config is not None:
-        return open_language_model_bridge(auto_bridge, model_path, config=config, **kwargs), model_path
+        from grpo_trainer.backends.megatron.vision_tower import with_vision_mapping
+
+        bridge = open_language_model_bridge(auto_bridge, model_path, config=config, **kwargs)
+        with_vision_mapping(bridge)  # before its provider registers the weight-loading hook
+        return bridge, model_path
     return auto_bridge.from_hf_pretrained(model_path, **kwargs), None
 
 
@@ -172,6 +178,11 @@ def build_policy(
     provider = bridge.to_megatron_provider(load_weights=True)
     seq_length = cfg.data.max_prompt_length + cfg.data.max_response_length
     configure_provider(provider, cfg, megatron=megatron, seq_length=seq_length)
+    vision_language = None
+    if vision_language_source is not None:
+        vision_language = add_vision_tower(
+            provider, model_path, trainable=trainable and not cfg.actor.freeze_vision_tower
+        )
     layout = resolve_parallel_layout(
         cfg.parallel, world_size=dist.get_world_size(), model=model_shape(provider)
     )
@@ -186,6 +197,10 @@ def build_policy(
         check_for_nan_in_grad=True,
     )
     model = provider.provide_distributed_model(ddp_config=ddp_config, wrap_with_ddp=trainable)
+    if vision_language is not None:
+        from grpo_trainer.backends.megatron.vision_tower import restore_fp32_buffers
+
+        restore_fp32_buffers(model)
     if not trainable:
         for chunk in model:
             chunk.requires_grad_(False)
@@ -205,7 +220,23 @@ def build_policy(
         model=model,
         layout=layout,
         vision_language_source=vision_language_source,
+        vision_language=vision_language,
     )
+
+
+def add_vision_tower(provider: Any, model_path: str, *, trainable: bool) -> Any:
+    """Give the model to be built transformers' vision tower of the checkpoint at `model_path` and
+    the multimodal RoPE (`vision_tower`); returns the `VisionLanguage` the forward reads. Call
+    before `provide_distributed_model`, on a provider of a bridge from `open_bridge`."""
+    from grpo_trainer.backends.megatron.vision_tower import VisionLanguage, attach_hook
+
+    config = vision_language_config(model_path)
+    if config is None:
+        raise ValueError(f"{model_path} is not a vision-language checkpoint the Megatron backend knows")
+    vision_language = VisionLanguage.from_config(config)
+    # Before the bridge's own hook, which loads the HF weights (the tower's included).
+    provider.register_pre_wrap_hook(attach_hook(model_path, vision_language, trainable=trainable), prepend=True)
+    return vision_language
 
 
 def build_optimizer(cfg: TrainerConfig, model: list[torch.nn.Module], *, megatron: MegatronConfig) -> Any:

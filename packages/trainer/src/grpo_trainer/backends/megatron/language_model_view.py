@@ -3,11 +3,12 @@
 Qwen3.5's real checkpoints are vision-language (`Qwen3_5MoeForConditionalGeneration`: the language
 model under `model.language_model.*`, a vision tower under `model.visual.*`). Megatron-Bridge's
 vision-language bridge builds its vision encoder from TransformerEngine layers only (FACTS.md), so
-without TransformerEngine the Megatron backend trains the language model alone: a text-only bridge
-reads the same safetensors files through a renaming view, and nothing is copied. The vision tower
-is not trained; the policy's `named_weights` are the language model under text-only names (the
-vLLM engine maps them back), and its HF export goes back into the checkpoint's layout with the
-vision tower copied (`grpo_ckpt.export_hf(..., vision_language_source=)`).
+the Megatron backend builds the language model through the text-only bridge, which reads the same
+safetensors files through a renaming view (nothing is copied), and runs transformers' vision tower
+in front of it (`vision_tower`). The view shows the language model under text-only names and the
+vision tower under its own (`model.visual.*`); the policy's `named_weights` carry both (the vLLM
+engine maps the text-only names back), and its HF export goes back into the checkpoint's layout
+(`grpo_ckpt.export_hf(..., vision_language_source=)`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from grpo_ckpt.vision_language import LANGUAGE_MODEL_PREFIX, VISION_PREFIX
+from grpo_ckpt.vision_language import LANGUAGE_MODEL_PREFIX
 
 log = structlog.get_logger()
 
@@ -39,12 +40,11 @@ def vision_language_config(model_path: str) -> dict[str, Any] | None:
     return None
 
 
-def text_only_name(name: str) -> str | None:
-    """`model.language_model.X` -> `model.X`; the vision tower's names -> None; others unchanged."""
+def text_only_name(name: str) -> str:
+    """`model.language_model.X` -> `model.X`; others (the vision tower's `model.visual.*`,
+    `lm_head.*`) unchanged."""
     if name.startswith(LANGUAGE_MODEL_PREFIX):
         return "model." + name.removeprefix(LANGUAGE_MODEL_PREFIX)
-    if name.startswith(VISION_PREFIX):
-        return None
     return name
 
 
@@ -64,34 +64,26 @@ def write_text_config(config: dict[str, Any], directory: Path) -> Path:
 
 
 def open_language_model_bridge(auto_bridge: Any, model_path: str, *, config: dict[str, Any], **kwargs: Any) -> Any:
-    """A text-only `AutoBridge` whose weights are the language model of the vision-language
-    checkpoint at `model_path`, read in place."""
+    """A text-only `AutoBridge` whose weights are those of the vision-language checkpoint at
+    `model_path`, read in place (language model under text-only names)."""
     from megatron.bridge.models.hf_pretrained.state import SafeTensorsStateSource, StateDict
 
     text_dir = write_text_config(config, Path(tempfile.mkdtemp(prefix="grpo-language-model-")))
     bridge = auto_bridge.from_hf_pretrained(str(text_dir), **kwargs)
     checkpoint = SafeTensorsStateSource(model_path)
-    language_model = language_model_source(checkpoint)
-    bridge.hf_pretrained._state_dict_accessor = StateDict(language_model)
-    vision = len(checkpoint.get_all_keys()) - len(language_model.get_all_keys())
-    log.info(
-        "megatron.language_model_only",
-        model_path=model_path,
-        architecture=config.get("architectures"),
-        vision_tensors_not_trained=vision,
-        reason="the bridge's vision encoder needs TransformerEngine; the language model trains alone",
-    )
+    bridge.hf_pretrained._state_dict_accessor = StateDict(language_model_source(checkpoint))
+    log.info("megatron.vision_language_checkpoint", model_path=model_path, architecture=config.get("architectures"))
     return bridge
 
 
 def language_model_source(source: Any) -> Any:
-    """A Megatron-Bridge `StateSource` over `source`: its language-model tensors under text-only
-    names, its vision tensors hidden."""
+    """A Megatron-Bridge `StateSource` over `source`, its language-model tensors under text-only
+    names."""
     from megatron.bridge.models.hf_pretrained.state import StateSource
 
     class LanguageModelSource(StateSource):
         def __init__(self) -> None:
-            self.names = {text: key for key in source.get_all_keys() if (text := text_only_name(key)) is not None}
+            self.names = {text_only_name(key): key for key in source.get_all_keys()}
 
         def get_all_keys(self) -> list[str]:
             return list(self.names)
