@@ -46,7 +46,7 @@ def _cfg(model_path: Path, *, freeze: bool):
         model_path=str(model_path),
         backend="megatron",
         dtype="bfloat16",
-        lr=1e-3,
+        lr=1e-2,  # Adam's first step moves each weight by ~lr: past bf16's spacing (2^-7) at 1.0 (norm weights)
         ppo_micro_batch_size_per_device=2,  # two micro-batches: the images split between them
         log_prob_micro_batch_size_per_device=2,
         use_kl_loss=False,
