@@ -80,7 +80,10 @@ def test_save_at_world_size_2_loads_anywhere(tmp_path: Path) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     mp.start_processes(
         _worker, args=(str(tmp_path / "ckpt"), str(tmp_path / "pg_init")), nprocs=2, join=True,
-        start_method="fork",  # torch is already imported here; spawn re-imports it (~20 s on a busy 2-core box)
+        # Fork: torch is already imported here; spawn re-imports it (~20 s on a busy 2-core box). But a
+        # forked child inherits a process group an earlier test of this process started, and gloo's
+        # threads are not forked with it: then spawn.
+        start_method="spawn" if dist.is_initialized() else "fork",
     )
     path = tmp_path / "ckpt" / "global_step_5"
     manifest_files = sorted(p.name for p in (path / "model").glob("*.safetensors"))
