@@ -137,14 +137,26 @@ def spawn(side: str, spec_path: Path, args: argparse.Namespace, *, round_index: 
         f"== round {round_index}, {side}: {args.warmup} warm-up + {args.steps} measured steps ...", flush=True
     )
     log_path = spec_path.parent / f"{side}_{round_index}.log"
+    result_path.unlink(missing_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.run(
             cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s, check=False, env=side_env(side)
         )
-    if proc.returncode != 0:
-        tail = log_path.read_text(errors="replace").splitlines()[-40:]
-        raise SystemExit(
-            f"{side} side failed (exit {proc.returncode}); last lines of {log_path}:\n" + "\n".join(tail)
+    return side_outcome(side, proc.returncode, result_path=result_path, log_path=log_path)
+
+
+def side_outcome(side: str, returncode: int, *, result_path: Path, log_path: Path) -> SideResult:
+    """The side's result. A side that wrote its result and then exited non-zero (seen: a TRL rank
+    aborting in its process-group teardown) keeps the result, and the exit and the log's last lines
+    are printed; a side that wrote none fails the bench with them."""
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:]) if returncode != 0 else ""
+    if not result_path.exists():
+        raise SystemExit(f"{side} side failed (exit {returncode}) without a result; last lines of {log_path}:\n{tail}")
+    if returncode != 0:
+        print(
+            f"!! {side} side exited {returncode} after writing its result (kept: its steps were measured); "
+            f"the cause, last lines of {log_path}:\n{tail}",
+            flush=True,
         )
     return SideResult.load(result_path)
 
