@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from _trl_spec import SideResult  # noqa: E402
-from bench_grpo_vs_trl import side_outcome  # noqa: E402
+from _trl_spec import SideResult
+from bench_grpo_vs_trl import side_outcome
 
 
 def _result(path: Path) -> SideResult:
