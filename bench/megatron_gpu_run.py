@@ -325,7 +325,7 @@ def profile_update(backend: Any, batch: Any, top: int = 15) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        backend.update(batch)
+        backend.update(batch, num_mini_batches=1, ppo_epochs=1)
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
     total = sum(e.self_device_time_total for e in events)
@@ -342,6 +342,7 @@ def phase_mfu(spec: str) -> None:
     """spec: family,layers,experts,topk,moe_ffn,hidden,batch,seq,micro."""
     import tiny_hf
 
+    from grpo_trainer.actor import Actor
     from grpo_trainer.backends.megatron import MegatronBackend
     from grpo_trainer.protocols import PolicyBatch
 
@@ -361,7 +362,7 @@ def phase_mfu(spec: str) -> None:
         grouped_experts="gmm" in options,
         attention="unfused" if "unfused" in options else "auto",
     )
-    backend = MegatronBackend.from_config(cfg, model_path=str(model_path))
+    backend = Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_path)))
     ids = torch.randint(3, config.vocab_size, (batch, seq))
     resp = torch.zeros(batch, seq)
     resp[:, seq // 4 :] = 1
@@ -374,17 +375,18 @@ def phase_mfu(spec: str) -> None:
     for _ in range(4):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        metrics = backend.update(pb)
+        metrics = backend.update(pb, num_mini_batches=1, ppo_epochs=1)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     step_s = sorted(times[1:])[len(times[1:]) // 2]
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30
     if PROFILE:
         RESULTS.setdefault("profiles", {})[spec] = profile_update(backend, pb)
     if family == "qwen3moe":
         flops, active = qwen3_moe_step_flops(config, batch=batch, seq=seq), qwen3_moe_active_params(config)
     else:
         flops, active = step_flops(config, batch=batch, seq=seq), active_params(config)["active"]
-    total = sum(p.numel() for chunk in backend.model for p in chunk.parameters())
+    total = sum(p.numel() for chunk in backend.backend.model for p in chunk.parameters())
     row = {
         "family": "+".join([family, *options]),
         "layers": layers,
@@ -402,7 +404,7 @@ def phase_mfu(spec: str) -> None:
         "tokens_per_s": batch * seq / step_s,
         "tflops": flops / step_s / 1e12,
         "mfu": flops / step_s / H200_BF16_DENSE_PEAK,
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_mem_gib": peak_gib,
         "loss": metrics["loss"],
     }
     RESULTS.setdefault("mfu", []).append(row)

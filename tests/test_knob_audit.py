@@ -258,8 +258,13 @@ READ: dict[str, tuple[str, ...]] = {
     "reward.overlong_buffer.len": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
     "reward.overlong_buffer.penalty_factor": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
     "reward.overlong_buffer.log": (f"{ALGO}::test_overlong_shaping_logs_only_when_asked",),
+    "device.memory_gib": (
+        "tests/test_memory_plan.py::test_an_oversized_launch_is_refused_before_it_starts_with_the_numbers",
+        "tests/test_memory_plan.py::test_the_dry_run_prints_the_plan_and_warns_when_it_cannot_fit",
+    ),
     "actor.freeze_vision_tower": (
         "tests/test_vl_data.py::test_one_update_with_images_trains_the_vision_tower_unless_frozen",
+        "tests/test_ckpt_export_qwen35.py::test_a_frozen_vision_tower_is_built_without_gradients",
     ),
     "actor.policy_loss.loss_mode": (
         f"{TRAINER}/test_loss.py::test_the_policy_loss_mode_and_the_rollout_weights_reach_the_policy_term",

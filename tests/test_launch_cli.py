@@ -92,6 +92,7 @@ def test_dry_run_parallel_values(model: str, device: str, launch_env, capsys) ->
         "nnodes": want["nnodes"],
         "devices_per_node": want["per_node"],
         "expandable_segments": (model, device) != ("122b", "npu"),
+        "memory_gib": None,
     }
     assert cfg["checkpoint"]["strict"] is want["strict"]
     assert cfg["actor"]["backend"] == "megatron"

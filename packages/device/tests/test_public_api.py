@@ -35,6 +35,7 @@ def test_all_is_frozen() -> None:
         "synchronize",
         "torch_device",
         "torch_device_module",
+        "total_memory_bytes",
         "visible_devices_env",
     ]
 

@@ -23,6 +23,9 @@ class DeviceConfig:
     nnodes: int = 1
     devices_per_node: int = 1
     expandable_segments: bool = True
+    # Memory of one device (GiB) the launch's memory plan must fit in; None: the device's own,
+    # read at launch (a dry run without the device then prints the plan without the check).
+    memory_gib: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -622,6 +622,8 @@ def validate(cfg: TrainerConfig, *, num_experts: int | None = None) -> None:
         problems += _parallel_problems(cfg.parallel, prefix="parallel", world=world, num_experts=num_experts)
         problems += _batch_problems(cfg, world=world)
         problems += _replica_problems(cfg)
+    if cfg.device.memory_gib is not None and not cfg.device.memory_gib > 0:
+        problems.append(f"device.memory_gib={cfg.device.memory_gib} must be > 0 (GiB of one device), or null to read it")
     problems += value_problems(cfg)
     problems += _recompute_problems(cfg)
     if problems:

@@ -10,7 +10,7 @@ from grpo_device.kinds import (
     detect,
     parse_device_kind,
 )
-from grpo_device.memory import MemoryStats, memory_stats, reset_peak_memory
+from grpo_device.memory import MemoryStats, memory_stats, reset_peak_memory, total_memory_bytes
 from grpo_device.runtime import (
     comm_backend,
     current_device,
@@ -57,5 +57,6 @@ __all__ = [
     "synchronize",
     "torch_device",
     "torch_device_module",
+    "total_memory_bytes",
     "visible_devices_env",
 ]

@@ -85,3 +85,11 @@ def reset_peak_memory(kind: DeviceKind | str | None = None, *, index: int | None
         return False
     torch_device_module(device).reset_peak_memory_stats(index)
     return True
+
+
+def total_memory_bytes(kind: DeviceKind | str | None = None, *, index: int = 0) -> int | None:
+    """The memory of accelerator `index` of the kind (what a plan must fit in); None on CPU."""
+    device = resolve_kind(kind)
+    if device is DeviceKind.CPU:
+        return None
+    return int(torch_device_module(device).get_device_properties(index).total_memory)

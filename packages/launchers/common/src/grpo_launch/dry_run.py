@@ -1,5 +1,6 @@
 """`--dry-run`: the resolved launch as YAML on stdout: what runs where, the world it needs, the
-environment it sets and the full config. Deterministic for a given plan and environment, so a
+device memory per rank it plans (`grpo_trainer.memory_plan`), the environment it sets and the full
+config. Deterministic for a given plan and environment, so a
 snapshot of it is a meaningful test."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import yaml
 
 import grpo_config
 from grpo_launch.plan import PROXY_VARS, TINY_PRESETS, LaunchPlan, env_kept
+from grpo_launch.steps import memory_plan
 
 
 def world_summary(plan: LaunchPlan) -> dict[str, Any]:
@@ -64,6 +66,7 @@ def render_dry_run(plan: LaunchPlan, *, environ: Mapping[str, str]) -> str:
             "steps": steps_summary(plan),
         },
         "world": world_summary(plan),
+        "memory_plan": memory_plan(plan),
         "environment": {
             "set": dict(sorted(plan.env.items())),
             "kept_from_your_environment": env_kept(plan.env, environ),

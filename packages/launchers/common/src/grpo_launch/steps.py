@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -47,8 +48,25 @@ def preflight_problems(plan: LaunchPlan) -> list[str]:
     """What a real launch of `plan` would stop on (the tiny preset builds its own model and data)."""
     if plan.preset in TINY_PRESETS or plan.data is None:
         return []
-    problems = [model_problem(plan), data_problem(plan.data, will_prepare=True)]
+    problems = [model_problem(plan), data_problem(plan.data, will_prepare=True), memory_plan(plan).get("refused")]
     return [p for p in problems if p]
+
+
+def memory_plan(plan: LaunchPlan) -> dict[str, Any]:
+    """The dry run's memory plan of a full launch (device size: device.memory_gib; the launch
+    itself reads the device), with `refused` when it does not fit."""
+    from grpo_trainer.memory_plan import plan_for_launch
+
+    if plan.preset in TINY_PRESETS:
+        return {"skipped": "the tiny presets build their model at launch"}
+    memory = plan_for_launch(plan.config, device_bytes=None)
+    if isinstance(memory, str):
+        return {"skipped": memory}
+    out = memory.to_dict()
+    if memory.device_bytes is None:
+        out["notes"].append("fit checked at launch against the device (or set device.memory_gib)")
+    refusal = memory.refusal()
+    return {**out, **({"refused": refusal} if refusal else {})}
 
 
 def ensure_data(data: DataPlan) -> None:
@@ -83,6 +101,24 @@ def check_device_usable(plan: LaunchPlan, environ: MutableMapping[str, str]) -> 
     grpo_device.detect(environ={"DEVICE": plan.device})  # raises DeviceUnavailableError with the fix
 
 
+def check_memory_plan(plan: LaunchPlan, environ: MutableMapping[str, str]) -> None:
+    """Refuse, with the numbers, a launch whose memory plan does not fit one device (its size:
+    device.memory_gib, else this process's device 0; unchecked when neither is known)."""
+    from grpo_trainer.memory_plan import plan_for_launch
+
+    device_bytes = None
+    if plan.device != "cpu" and not environ.get("RAY_ADDRESS"):
+        device_bytes = grpo_device.total_memory_bytes(DEVICE_KINDS[plan.device])
+    memory = plan_for_launch(plan.config, device_bytes=device_bytes)
+    if isinstance(memory, str):
+        log.warning("memory plan", skipped=memory)
+        return
+    log.info("memory plan", **memory.to_dict())
+    refusal = memory.refusal()
+    if refusal:
+        raise LaunchError(refusal)
+
+
 def run_common_steps(plan: LaunchPlan, *, environ: MutableMapping[str, str] | None = None) -> None:
     """Every device, in order: device check, model check, data, proxies, environment profile."""
     environ = os.environ if environ is None else environ
@@ -91,6 +127,7 @@ def run_common_steps(plan: LaunchPlan, *, environ: MutableMapping[str, str] | No
         problem = model_problem(plan)
         if problem:
             raise LaunchError(problem)
+        check_memory_plan(plan, environ)
         assert plan.data is not None
         ensure_data(plan.data)
     unset_proxies(environ)

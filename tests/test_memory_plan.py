@@ -1,0 +1,175 @@
+"""The memory plan (`grpo_trainer.memory_plan`): against the peaks measured on one H200
+(docs/benchmarks.md, "Memory plan"), in the launchers' `--dry-run`, and refusing an oversized
+launch before it starts, with the numbers. Parameter counts come from transformers' classes on the
+meta device (real configs written to disk, no weights)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import structlog
+import yaml
+
+from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, MegatronConfig, TrainerConfig
+from grpo_trainer.memory_plan import CONTEXT_BYTES, GIB, model_counts, plan_memory
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "packages/trainer/tests/megatron"))
+import tiny_hf  # noqa: E402
+
+# bench/megatron_gpu_run.py --mfu qwen3moe+gmm,LAYERS,32,8,FFN,HIDDEN,16,2048,MICRO, one spec per
+# process: torch.cuda.max_memory_allocated over 4 updates (GiB).
+MEASURED = [
+    (8, 768, 2048, 4, 42.7),
+    (12, 768, 2048, 8, 81.7),
+    (4, 1536, 4096, 4, 70.1),
+    (4, 1536, 4096, 8, 85.5),
+    (6, 1536, 4096, 4, 100.7),
+]
+
+
+def _qwen3_moe(path: Path, *, layers: int, ffn: int, hidden: int, experts: int = 32) -> Path:
+    config = tiny_hf.qwen3_moe_config(
+        num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=hidden // 64,
+        num_key_value_heads=max(hidden // 512, 1), head_dim=128, num_experts=experts, num_experts_per_tok=8,
+        moe_intermediate_size=ffn, vocab_size=32768, max_position_embeddings=2048,
+    )
+    config.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(("layers", "ffn", "hidden", "micro", "measured_gib"), MEASURED)
+def test_the_plan_is_within_15_percent_of_the_measured_h200_peak(
+    tmp_path: Path, layers: int, ffn: int, hidden: int, micro: int, measured_gib: float
+) -> None:
+    path = _qwen3_moe(tmp_path / "m", layers=layers, ffn=ffn, hidden=hidden)
+    counts = model_counts(path)
+    cfg = TrainerConfig(
+        actor=ActorConfig(
+            model_path=str(path), backend="megatron", dtype="bfloat16", ppo_micro_batch_size_per_device=micro,
+            use_kl_loss=False,
+            megatron=MegatronConfig(transformer_impl="local", moe_grouped_gemm=True, use_distributed_optimizer=True),
+        ),
+        data=DataConfig(max_prompt_length=1024, max_response_length=1024),
+        device=DeviceConfig(kind="cuda"),
+    )
+    plan = plan_memory(cfg, counts, device_bytes=None)
+    planned = (plan.training_peak - CONTEXT_BYTES) / GIB  # the allocator's peak holds no CUDA context
+    assert abs(planned - measured_gib) / measured_gib < 0.15, (planned, measured_gib, plan.to_dict())
+    # 2 + 4 + 12 bytes a parameter at data parallel 1, as the bench's own count says.
+    assert plan.training["weights"] + plan.training["gradients"] + plan.training["optimizer"] == pytest.approx(
+        18 * counts.total, rel=1e-6
+    )
+
+
+def test_model_counts_are_transformers_parameter_counts(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = _qwen3_moe(tmp_path / "m", layers=2, ffn=64, hidden=256, experts=4)
+    counts = model_counts(path)
+    model = AutoModelForCausalLM.from_pretrained(path) if (path / "model.safetensors").exists() else None
+    assert model is None  # config only: nothing was downloaded or allocated
+    from transformers import AutoConfig
+
+    real = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    assert counts.total == sum(p.numel() for p in real.parameters())
+    assert counts.layer_experts == 4 * 3 * 256 * 64 and counts.layers == 2 and counts.topk == 8
+
+
+def _parallel_and_memory(cfg: TrainerConfig, path: Path, memory_gib: float, **megatron: object) -> TrainerConfig:
+    import dataclasses
+
+    return dataclasses.replace(
+        cfg,
+        device=dataclasses.replace(cfg.device, memory_gib=memory_gib),
+        actor=dataclasses.replace(cfg.actor, model_path=str(path), megatron=dataclasses.replace(cfg.actor.megatron, **megatron)),
+    )
+
+
+def test_offload_and_parallelism_move_the_plan_as_they_move_the_memory(tmp_path: Path) -> None:
+    import dataclasses
+
+    path = _qwen3_moe(tmp_path / "m", layers=4, ffn=1536, hidden=4096)
+    counts = model_counts(path)
+    cfg = TrainerConfig(
+        actor=ActorConfig(model_path=str(path), backend="megatron", use_kl_loss=False,
+                          megatron=MegatronConfig(transformer_impl="local", use_distributed_optimizer=True)),
+        device=DeviceConfig(kind="cuda", devices_per_node=8),
+    )
+    base = plan_memory(cfg, counts, device_bytes=141 * GIB)
+    offloaded = plan_memory(
+        dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, megatron=dataclasses.replace(cfg.actor.megatron, optimizer_offload=True))),
+        counts, device_bytes=141 * GIB,
+    )
+    assert offloaded.training["optimizer"] == 0 < base.training["optimizer"]
+    experts_split = plan_memory(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, ep=8)), counts, device_bytes=141 * GIB)
+    assert experts_split.training["weights"] < base.training["weights"] / 3  # experts are most of it
+    # The rollout phase: vLLM's reservation beside what the actor keeps on the device.
+    assert base.rollout["vllm_reserved"] == int(cfg.rollout.gpu_memory_utilization * 141 * GIB)
+    parked = plan_memory(
+        dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, megatron=dataclasses.replace(
+            cfg.actor.megatron, param_offload=True, grad_offload=True, optimizer_offload=True))),
+        counts, device_bytes=141 * GIB,
+    )
+    assert parked.rollout_peak < base.rollout_peak and parked.rollout["actor_weights"] == 0
+
+
+@pytest.fixture
+def launch_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """The 35B launcher on a Qwen3.5-MoE config of 30B-class shape written to MODEL_PATH (no
+    weights); RAY_ADDRESS set, so the launch does not look for a local GPU."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    model = tmp_path / "model"
+    Qwen3_5MoeTextConfig(
+        vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2,
+        head_dim=256, moe_intermediate_size=768, shared_expert_intermediate_size=768, num_experts=128,
+        num_experts_per_tok=8, layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 12,
+    ).save_pretrained(model)
+    monkeypatch.setenv("MODEL_PATH", str(model))
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("TRAIN_FILES", str(tmp_path / "missing.parquet"))
+    monkeypatch.setenv("VAL_FILES", str(tmp_path / "missing_val.parquet"))
+    for name in ("NNODES", "DATA_DIR", "DATA_SOURCE", "DEVICE"):
+        monkeypatch.delenv(name, raising=False)
+    root_handlers = list(logging.getLogger().handlers)
+    yield model
+    structlog.reset_defaults()
+    logging.getLogger().handlers[:] = root_handlers
+
+
+def test_the_dry_run_prints_the_plan_and_warns_when_it_cannot_fit(launch_env, tmp_path: Path, capsys) -> None:
+    from grpo_launch_qwen35_35b import main
+
+    assert main(["--dry-run", "--device", "gpu", "--output-dir", str(tmp_path / "o"), "device.memory_gib=141"]) == 0
+    captured = capsys.readouterr()
+    plan = yaml.safe_load(captured.out.split("\n", 1)[1])["memory_plan"]
+    assert plan["device_gib"] == 141.0 and plan["fits"] is True and "refused" not in plan
+    assert set(plan["training_gib"]) >= {"weights", "gradients", "optimizer", "activations", "total"}
+    assert plan["rollout_gib"]["vllm_reserved"] == pytest.approx(0.6 * 141, abs=0.01)
+
+    assert main(["--dry-run", "--device", "gpu", "--output-dir", str(tmp_path / "o"), "device.memory_gib=16"]) == 0
+    captured = capsys.readouterr()
+    plan = yaml.safe_load(captured.out.split("\n", 1)[1])["memory_plan"]
+    assert plan["fits"] is False and "16.0 GiB" in plan["refused"]
+    events = [json.loads(line) for line in captured.err.splitlines() if line.strip().startswith("{")]
+    assert any("the memory plan needs" in e.get("problem", "") for e in events if e["event"] == "a real launch would stop here")
+
+
+def test_an_oversized_launch_is_refused_before_it_starts_with_the_numbers(launch_env, tmp_path: Path, capsys) -> None:
+    from grpo_launch_qwen35_35b import main
+
+    assert main(["--device", "gpu", "--output-dir", str(tmp_path / "o"), "device.memory_gib=16"]) == 2
+    err = capsys.readouterr().err
+    assert "error: the memory plan needs" in err and "a device has 16.0 GiB" in err
+    for part in ("weights", "gradients", "optimizer", "activations"):
+        assert part in err
+    # Enough memory: the launch passes the plan and stops later, on the missing data files.
+    assert main(["--device", "gpu", "--output-dir", str(tmp_path / "o"), "device.memory_gib=1000"]) == 2
+    err = capsys.readouterr().err
+    assert "memory plan needs" not in err and "data files missing" in err
