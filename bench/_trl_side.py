@@ -185,6 +185,13 @@ def run_trl(
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
+    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+
+    # The bench environment holds flash-linear-attention (megatron-core needs it): transformers <
+    # 5.20 then binds Qwen3.5's Gated DeltaNet to FLA's Triton kernels, which have no CPU driver
+    # ("0 active drivers"). CPU tensors go to transformers' own PyTorch functions instead, the stock
+    # ones TRL would run without FLA (our side's shorter chunk is not applied here).
+    use_torch_kernels_on_cpu()
     procs = int(os.environ.get("WORLD_SIZE", "1"))
     threads = max(1, spec.threads // procs)
     torch.set_num_threads(threads)
