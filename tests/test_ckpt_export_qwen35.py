@@ -164,6 +164,10 @@ def test_a_vision_language_checkpoint_builds_with_its_vision_tower_and_exports_i
     bridge, model = _megatron_on_cpu(vl_dir, tmp_path / "pg")
     tower = model[0].module.vision_tower
     assert all(p.requires_grad for p in tower.parameters())
+    # megatron-core applies the per-row (3-D) angles unfused under apply_rope_fusion only when the
+    # config names an mrope_section: TransformerEngine's fused RoPE takes one row per position.
+    rope = json.loads((vl_dir / "config.json").read_text())["text_config"].get("rope_parameters") or {}
+    assert model[0].module.config.mrope_section == list(rope.get("mrope_section", [11, 11, 10]))
     exported = dict(bridge.export_hf_weights(model, cpu=True, show_progress=False))
     original = {}
     for file in vl_dir.glob("*.safetensors"):

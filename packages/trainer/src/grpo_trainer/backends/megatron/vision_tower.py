@@ -85,6 +85,10 @@ def attach_hook(model_path: str, vl: VisionLanguage, *, trainable: bool) -> Any:
             gpt = _language_model(chunk)
             gpt.position_embedding_type = "mrope"
             gpt.mrope_section = list(vl.mrope_section)
+            # Read by megatron-core's rotary application: with apply_rope_fusion (TransformerEngine's
+            # fused RoPE, which takes one angle row per position) it then applies per-row angles
+            # unfused when a micro-batch has more than one row.
+            gpt.config.mrope_section = list(vl.mrope_section)
             gpt.rotary_pos_emb = InterleavedMRope(gpt.rotary_pos_emb.inv_freq, vl.mrope_section)
             if not gpt.pre_process:
                 continue
