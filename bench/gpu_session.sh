@@ -3,7 +3,7 @@
 #   alloc            the real-CUDA allocator test (packages/device)
 #   tests[=EXPR]     the Megatron GPU tests (pytest -k EXPR when given)
 #   train[=ARGS]     bench/megatron_gpu_train.py (train() megatron vs torch; ARGS comma-separated)
-#   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable)
+#   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable; one process per spec)
 #   prod[=ARGS]      bench/gpu_production_path.py (Megatron actor + vLLM rollout in train(); vLLM
 #                    unpacked into /tmp/site first by ../shared/vllm_h200's three calls, ray from .rayw/)
 #   e.g. bash bench/gpu_session.sh alloc tests train=--steps,50,--split,40 mfu=qwen3moe+gmm,8,32,8,768,2048,16,2048,4
@@ -49,9 +49,11 @@ for part in "$@"; do
     *) echo "unknown part: $part"; exit 2 ;;
   esac
 done
-if [ ${#specs[@]} -gt 0 ]; then
-  timeout 540 python3 bench/megatron_gpu_run.py --out "$OUT" --phases mfu --profile "${specs[@]}" 2>&1 \
-    | grep -v "Loading weights\|Writing model" > "$OUT/mfu.log" || status=1
-  grep '^{"family"' "$OUT/mfu.log"
-fi
+# One process per spec: a model left allocated by the spec before would count in the next one's
+# peak memory (seen: 131.8 GiB instead of 81.7, and an OOM).
+for ((i = 0; i < ${#specs[@]}; i += 2)); do
+  timeout 540 python3 bench/megatron_gpu_run.py --out "$OUT/mfu_$((i / 2))" --phases mfu --profile "${specs[i]}" "${specs[i + 1]}" 2>&1 \
+    | grep -v "Loading weights\|Writing model" >> "$OUT/mfu.log" || status=1
+done
+[ ${#specs[@]} -gt 0 ] && grep '^{"family"' "$OUT/mfu.log"
 exit $status
