@@ -10,6 +10,7 @@ Run there: `bash bench/gpu_session.sh tests` (docs/benchmarks.md quotes the prin
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ import torch
 import grpo_device
 from grpo_launch.presets import tiny_task, tiny_vl_model, tiny_vl_task
 from grpo_trainer.backends.megatron import megatron_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/trainer/tests/megatron"))
+import tiny_hf
 
 pytestmark = [
     pytest.mark.megatron,
@@ -30,18 +34,9 @@ ROWS = 4
 
 
 def _cfg(model_path: Path, *, freeze: bool):
-    from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, MegatronConfig, TrainerConfig
+    from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, TrainerConfig
 
-    megatron = MegatronConfig(
-        transformer_impl="local",
-        moe_grouped_gemm=True,
-        moe_permute_fusion=False,
-        apply_rope_fusion=False,
-        moe_router_load_balancing_type="none",
-        use_distributed_optimizer=True,
-        # FLA 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper (FACTS.md).
-        override_transformer_config={"deterministic_mode": True},
-    )
+    megatron = tiny_hf.local_megatron_config(grouped_experts=True)
     actor = ActorConfig(
         model_path=str(model_path),
         backend="megatron",

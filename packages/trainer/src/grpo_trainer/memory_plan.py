@@ -30,6 +30,7 @@ plan").
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -72,8 +73,10 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("text_config") or config
 
 
+@functools.lru_cache(maxsize=8)
 def model_counts(model_path: str | Path) -> ModelCounts:
-    """Counts from the checkpoint's config.json (transformers on the meta device)."""
+    """Counts from the checkpoint's config.json (transformers on the meta device); cached, as a dry
+    run plans in two places (the printed plan and its warnings)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 

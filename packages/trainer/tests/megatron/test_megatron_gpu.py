@@ -35,19 +35,9 @@ SEQ = 96
 
 
 def _cfg(model_path: Path, *, grouped_experts: bool, backend: str = "megatron"):
-    from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, MegatronConfig, TrainerConfig
+    from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, TrainerConfig
 
-    megatron = MegatronConfig(
-        transformer_impl="local",
-        moe_grouped_gemm=grouped_experts,
-        moe_permute_fusion=False,
-        apply_rope_fusion=False,
-        moe_router_load_balancing_type="none",
-        use_distributed_optimizer=True,
-        # FLA 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper; megatron-core's
-        # deterministic mode uses its pure-torch chunked delta rule instead.
-        override_transformer_config={"deterministic_mode": True},
-    )
+    megatron = tiny_hf.local_megatron_config(grouped_experts=grouped_experts)
     actor = ActorConfig(
         model_path=str(model_path),
         backend=backend,

@@ -110,3 +110,20 @@ def save_random_model(
 
 def _zero_centred(config: Any, name: str) -> bool:
     return config.model_type.startswith("qwen3_5") and "linear_attn.norm" not in name
+
+
+def local_megatron_config(*, grouped_experts: bool) -> Any:
+    """The Megatron settings the GPU tests run with: no TransformerEngine on the GPU machine."""
+    from grpo_config.schema import MegatronConfig
+
+    return MegatronConfig(
+        transformer_impl="local",
+        moe_grouped_gemm=grouped_experts,
+        moe_permute_fusion=False,
+        apply_rope_fusion=False,
+        moe_router_load_balancing_type="none",
+        use_distributed_optimizer=True,
+        # FLA 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper; megatron-core's
+        # deterministic mode uses its pure-torch chunked delta rule instead.
+        override_transformer_config={"deterministic_mode": True},
+    )
