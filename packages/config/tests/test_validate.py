@@ -200,3 +200,61 @@ def test_phase_timeouts_must_be_positive_and_finite() -> None:
     ) in msg
     assert "timeouts.checkpoint_s=inf must be a positive" in msg
     assert "timeouts.setup_s" not in msg
+
+
+ONE_STEP_OFF = [
+    "rollout.mode=one_step_off",
+    "rollout.devices_per_node=1",
+    "algorithm.rollout_correction.rollout_is=token",
+    "rollout.free_cache_engine=false",
+]
+
+
+def test_one_step_off_loads_with_its_rollout_devices_and_correction() -> None:
+    from grpo_config import RolloutReplicas
+
+    cfg = load(None, [*ONE_STEP_OFF, "device.devices_per_node=2", "rollout.devices_per_node=3"])
+    assert cfg.rollout.mode == "one_step_off"
+    layout = RolloutReplicas.for_config(cfg)  # the rollout workers, not the training ranks
+    assert (layout.count, layout.world_size) == (3, 3)
+
+
+@pytest.mark.parametrize(
+    ("dropped", "added", "expected"),
+    [
+        ("rollout.devices_per_node=1", "rollout.devices_per_node=0", "set rollout.devices_per_node >= 1"),
+        ("algorithm.rollout_correction.rollout_is=token", None, "set algorithm.rollout_correction.rollout_is=token"),
+        ("rollout.free_cache_engine=false", None, "Set rollout.free_cache_engine=false."),
+        (None, "rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size=2 with rollout.mode=one_step_off"),
+        (None, "algorithm.filter_groups.enable=true", "not implemented with one-step-off rollout"),
+    ],
+)
+def test_one_step_off_refuses_what_it_cannot_honour(dropped: str | None, added: str | None, expected: str) -> None:
+    overrides = [o for o in ONE_STEP_OFF if o != dropped] + ([added] if added else [])
+    msg = _problems(overrides)
+    assert "1 problem" in msg and expected in msg
+
+
+def test_one_step_off_refuses_offload_meant_for_a_colocated_engine() -> None:
+    msg = _problems([*ONE_STEP_OFF, "actor.backend=megatron", "actor.megatron.param_offload=true"])
+    assert "actor.megatron.param_offload=true: offload frees the training devices" in msg
+
+
+def test_rollout_devices_of_their_own_need_one_step_off() -> None:
+    msg = _problems(["rollout.devices_per_node=2"])
+    assert "only rollout.mode=one_step_off uses" in msg
+
+
+def test_verl_one_step_off_keys_map_to_the_mode_and_devices() -> None:
+    cfg = load(
+        None,
+        [
+            "actor_rollout_ref.hybrid_engine=False",
+            "rollout.n_gpus_per_node=2",
+            "rollout.nnodes=1",
+            "algorithm.rollout_correction.rollout_is=token",
+            "actor_rollout_ref.rollout.free_cache_engine=False",
+        ],
+    )
+    assert (cfg.rollout.mode, cfg.rollout.devices_per_node) == ("one_step_off", 2)
+    assert load(None, ["actor_rollout_ref.hybrid_engine=True"]).rollout.mode == "sync"

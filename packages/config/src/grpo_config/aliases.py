@@ -124,6 +124,8 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std",
         "reward_model.overlong_buffer": "reward.overlong_buffer",
         "reward_model.reward_kwargs.overlong_buffer_cfg": "reward.overlong_buffer",
+        # verl's one_step_off_policy recipe: the rollout workers' own devices.
+        "rollout.n_gpus_per_node": "rollout.devices_per_node",
         "trainer.nnodes": "device.nnodes",
         "trainer.n_gpus_per_node": "device.devices_per_node",
         "trainer.device": "device.kind",
@@ -236,11 +238,25 @@ def _refused_settings(key: str, value: Any) -> list[tuple[str, Any]]:
     raise ConfigError(f"'{key}={value}' is not used by grpo: {_REFUSED_KEYS[key]}.", key=key)
 
 
+HYBRID_ENGINE_KEY = "actor_rollout_ref.hybrid_engine"
+
+
+def _hybrid_engine_settings(key: str, value: Any) -> list[tuple[str, Any]]:
+    """verl's hybrid engine (true, its default) is grpo's rollout.mode=sync; verl's one-step-off
+    recipe sets it false for rollout workers of their own: rollout.mode=one_step_off."""
+    flag = _as_python(value)
+    if not isinstance(flag, bool):
+        raise ConfigError(f"'{key}' must be true or false, got {value!r}.", key=key)
+    return [] if flag else [("rollout.mode", "one_step_off")]
+
+
 def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
     """For a verl key with no one-to-one grpo setting: the (grpo key, value) pairs it sets (maybe
     none), or ConfigError with the reason it is refused. None when `key` is not such a key."""
     if key == "trainer.logger":
         return _logger_settings(key, value)
+    if key == HYBRID_ENGINE_KEY:
+        return _hybrid_engine_settings(key, value)
     if key in _FIXED_KEYS:
         return _fixed_settings(key, value)
     if key in _REFUSED_KEYS:
@@ -283,4 +299,4 @@ def resolve_alias(key: str) -> str | None:
 
 
 def all_alias_keys() -> list[str]:
-    return [*ALIASES, *_BRIDGE_KEYS, *_FIXED_KEYS, *_REFUSED_KEYS, "trainer.logger"]
+    return [*ALIASES, *_BRIDGE_KEYS, *_FIXED_KEYS, *_REFUSED_KEYS, "trainer.logger", HYBRID_ENGINE_KEY]

@@ -152,6 +152,14 @@ class RefConfig:
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     engine: Literal["hf", "vllm"] = "vllm"
+    # "sync": the engines live in the training ranks and generation and training take turns on the
+    # same devices (verl's hybrid engine). "one_step_off": rollout workers on devices of their own
+    # (`nnodes` x `devices_per_node`; CPU: worker processes) generate step t+1's responses with the
+    # weights from before step t's update while that update runs (verl's one_step_off_policy recipe);
+    # the responses are one update stale, which algorithm.rollout_correction corrects (required).
+    mode: Literal["sync", "one_step_off"] = "sync"
+    nnodes: int = 1
+    devices_per_node: int = 0  # the rollout workers' devices per node; one_step_off only
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None -> actor.dtype
     n: int = 5
     temperature: float = 1.0

@@ -31,6 +31,20 @@ log = structlog.get_logger()
 SHUTDOWN_TIMEOUT_S = 60.0
 
 
+def process_count(cfg: TrainerConfig) -> int:
+    """Worker processes of a run: the training ranks and, with rollout.mode=one_step_off, the
+    rollout workers."""
+    training = cfg.device.nnodes * cfg.device.devices_per_node
+    if cfg.rollout.mode == "one_step_off":
+        return training + cfg.rollout.nnodes * cfg.rollout.devices_per_node
+    return training
+
+
+def cpus_per_worker(cfg: TrainerConfig, *, resource: str | None) -> int:
+    """One CPU per device worker; CPU-only workers share this machine's cores equally."""
+    return max(1, (os.cpu_count() or 1) // process_count(cfg)) if resource is None else 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResumedState:
     path: Path
@@ -46,7 +60,7 @@ class PolicyWorkers:
         self.world_size = cfg.device.nnodes * cfg.device.devices_per_node
         self.replicas = RolloutReplicas.for_config(cfg)
         resource = ray_resource_name(resolve_device_kind(cfg))
-        cpus = max(1, (os.cpu_count() or 1) // self.world_size) if resource is None else 1
+        cpus = cpus_per_worker(cfg, resource=resource)
         self._group = WorkerGroup(
             PolicyWorker,
             world_size=self.world_size,
@@ -127,6 +141,11 @@ class PolicyWorkers:
 
     def sync_weights(self) -> None:
         self._call("sync_weights", "weight_sync_s")
+
+    def publish_weights(self) -> list[Any]:
+        """The policy's weights in Ray's object store (rollout.mode=one_step_off): the references,
+        bucket by bucket."""
+        return self._call("publish_weights", "weight_sync_s")[0]
 
     # -- policy -----------------------------------------------------------------------------------
     def log_probs(self, batch: PolicyBatch, shards: Sequence[Sequence[int]], *, ref: bool = False) -> torch.Tensor:

@@ -8,6 +8,13 @@
 The driver (this process) holds data, rewards, advantages and metrics; the policy and its rollout
 engine live in Ray worker actors, reached through the typed facade `policy_workers.PolicyWorkers`.
 Each phase's wall time is logged as `timing/<phase>_s` (as verl's `timing_s/*`).
+
+With rollout.mode=one_step_off the engines are rollout workers of their own
+(`rollout_workers.RolloutWorkers`) and a step reads (`_Run.sample_one_step_off`):
+
+    wait for this step's responses (sampled by the policy one update behind) -> send the current
+    weights to the rollout workers -> start generating the next step's responses -> score, train
+    and update on this step's while they generate.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from grpo_trainer.data import PromptDataset, PromptItem, ResumableSampler
 from grpo_trainer.data.images import load_processor
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.metrics import MetricsLogger, plot_metrics
-from grpo_trainer.policy_workers import PolicyWorkers
+from grpo_trainer.policy_workers import PolicyWorkers, process_count
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.reward_shaping import KLController, kl_reward_penalty, overlong_penalty
 from grpo_trainer.rewards import RewardManager, RewardResult
@@ -49,6 +56,7 @@ from grpo_trainer.rollout_step import (
     split_ranks,
     step_seed,
 )
+from grpo_trainer.rollout_workers import PendingGeneration, RolloutWorkers
 from grpo_trainer.vision import VisionInputs, pixel_inputs
 from grpo_trainer.worker_group import ensure_ray
 
@@ -119,6 +127,17 @@ class Sampled:
         )
 
 
+@dataclass(kw_only=True)
+class RoundRequest:
+    """One generation round: its prompts per replica and their sampling settings (one per replica,
+    seeded), and, while rollout workers of their own run it, their pending call."""
+
+    chunks: list[list[PromptItem]]
+    params: list[SamplingParams]
+    pending: PendingGeneration | None = None
+    sampler_state: dict[str, Any] | None = None  # the sampler before these prompts were drawn
+
+
 # data.truncation -> PromptDataset's overlong mode (used when data.filter_overlong_prompts=false).
 _TRUNCATION = {"error": "error", "left": "truncate_left", "right": "truncate_right"}
 
@@ -171,12 +190,17 @@ class _Run:
         self.max_tokens = response_budget(cfg)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.workers: PolicyWorkers | None = None
+        self.rollout_workers: RolloutWorkers | None = None  # rollout.mode=one_step_off
+        self.next_round: RoundRequest | None = None  # one_step_off: the next step's generation in flight
+        self.rollout_version = 0  # one_step_off: policy updates behind the rollout workers' weights
         self.step = 0
         self.reward_history: dict[int, float] = {}
         self.resumed_metrics: dict[str, float] | None = None  # the resumed checkpoint's step record
 
     def start_workers(self) -> PolicyWorkers:
         self.workers = PolicyWorkers(self.cfg)
+        if self.cfg.rollout.mode == "one_step_off":
+            self.rollout_workers = RolloutWorkers(self.cfg)
         return self.workers
 
     # -- the step ---------------------------------------------------------------------------------
@@ -186,7 +210,7 @@ class _Run:
         cfg, workers, timer = self.cfg, self._workers(), PhaseTimer()
         started = time.perf_counter()
 
-        sampled = self.sample(next_prompts, timer)
+        sampled = self.sample_one_step_off(next_prompts, timer) if self.rollout_workers else self.sample(next_prompts, timer)
         rollout = sampled.rollout
         batch = pad_rows(
             [item.prompt_ids for item in rollout.items],
@@ -219,8 +243,9 @@ class _Run:
         with timer("update"):
             update = workers.update(batch, shards, num_mini_batches=num_mini_batches, ppo_epochs=cfg.actor.ppo_epochs)
 
-        with timer("weight_sync"):
-            workers.sync_weights()
+        if self.rollout_workers is None:  # one_step_off sends the weights before the next generation
+            with timer("weight_sync"):
+                workers.sync_weights()
 
         metrics.update(
             rollout_metrics(
@@ -303,16 +328,75 @@ class _Run:
         )
         return self._overlong_metrics(result)
 
-    def sample_round(self, prompts: list[PromptItem], round_index: int, timer: PhaseTimer) -> Sampled:
-        cfg = self.cfg
+    def sample_one_step_off(self, next_prompts: Callable[[], list[PromptItem]], timer: PhaseTimer) -> Sampled:
+        """This step's responses, sampled by the rollout workers while the previous step trained
+        (here, and after a validation or resume, nothing is in flight: they are sampled now); then
+        the rollout workers get the current weights and start on the next step's prompts."""
+        request, self.next_round = self.next_round, None
+        if request is None:  # the first step, or after a resume: nothing in flight
+            with timer("weight_sync"):
+                self.send_weights()
+            request = self.launch(self.round_request(next_prompts(), step=self.step))
+        with timer("generate_wait"):
+            generated = self._pending(request).result()
+        sampled = self._overlong_metrics(self.score(request.chunks, generated.outputs, n=request.params[0].n, timer=timer))
+        sampled.metrics["rollout/staleness"] = float(self.step - generated.weights_version)
+        sampled.metrics["timing/generate_s"] = generated.seconds
+        with timer("weight_sync"):
+            self.send_weights()
+        if self.step + 1 < self.total_steps:
+            sampler_state = self.sampler.state_dict()
+            self.next_round = self.launch(self.round_request(next_prompts(), step=self.step + 1))
+            self.next_round.sampler_state = sampler_state
+        return sampled
+
+    def round_request(self, prompts: list[PromptItem], *, step: int, round_index: int = 0) -> RoundRequest:
         chunks = split_ranks(prompts, self.replicas.count)
         params = self.sampling_params(validation=False)
-        seeds = [
-            step_seed(cfg.seed, self.step, replica, round_index) for replica in range(self.replicas.count)
-        ]
+        seeds = [step_seed(self.cfg.seed, step, replica, round_index) for replica in range(self.replicas.count)]
+        return RoundRequest(chunks=chunks, params=seeded_per_rank(params, seeds))
+
+    def launch(self, request: RoundRequest) -> RoundRequest:
+        """Start `request` on the rollout workers (one_step_off) and return at once."""
+        vision = [[self.vision_of(p) for p in chunk] for chunk in request.chunks]
+        request.pending = self._rollout_workers().start(
+            [[p.prompt_ids for p in chunk] for chunk in request.chunks],
+            request.params,
+            vision=vision if any(v is not None for chunk in vision for v in chunk) else None,
+        )
+        return request
+
+    @staticmethod
+    def _pending(request: RoundRequest) -> PendingGeneration:
+        if request.pending is None:
+            raise RuntimeError("the generation round was not launched")
+        return request.pending
+
+    def send_weights(self) -> None:
+        """The policy's current weights into the rollout workers, unless they have them already."""
+        if self.rollout_version == self.step:
+            return
+        refs = self._workers().publish_weights()
+        self._rollout_workers().load_weights(refs, version=self.step)
+        self.rollout_version = self.step
+
+    def _rollout_workers(self) -> RolloutWorkers:
+        if self.rollout_workers is None:
+            raise RuntimeError("no rollout workers of their own: rollout.mode is not one_step_off")
+        return self.rollout_workers
+
+    def sample_round(self, prompts: list[PromptItem], round_index: int, timer: PhaseTimer) -> Sampled:
+        request = self.round_request(prompts, step=self.step, round_index=round_index)
         with timer("generate"):
-            outputs = self.generate(chunks, seeded_per_rank(params, seeds))
-        rollout = gather_rollout(chunks, outputs, n=params.n)
+            outputs = self.generate(request.chunks, request.params)
+        return self.score(request.chunks, outputs, n=request.params[0].n, timer=timer)
+
+    def score(
+        self, chunks: list[list[PromptItem]], outputs: list[list[Generation]], *, n: int, timer: PhaseTimer
+    ) -> Sampled:
+        """A round's generations in prompt order with their scores and (overlong-shaped) rewards."""
+        cfg = self.cfg
+        rollout = gather_rollout(chunks, outputs, n=n)
         with timer("reward"):
             texts = self.decode([g.token_ids for g in rollout.generations])
             scored = self.rewards.score(reward_items(rollout.items, texts))
@@ -356,7 +440,13 @@ class _Run:
         self, chunks: list[list[PromptItem]], params: list[SamplingParams]
     ) -> list[list[Generation]]:
         """Wake the rollout engines, sample every replica's chunk (with its prompts' images), put
-        the engines back to sleep."""
+        the engines back to sleep. With rollout workers of their own (validation): after the
+        generation in flight, with the current weights."""
+        if self.rollout_workers is not None:
+            if self.next_round is not None:
+                self._pending(self.next_round).result()  # kept for the next step
+            self.send_weights()
+            return self._pending(self.launch(RoundRequest(chunks=chunks, params=list(params)))).result().outputs
         workers = self._workers()
         vision = [[self.vision_of(p) for p in chunk] for chunk in chunks]
         workers.rollout_wake()
@@ -448,8 +538,10 @@ class _Run:
             "metrics": metrics,
             "kl_controller": self.kl_controller.state_dict(),
         }
+        # The prompts of a generation in flight are drawn again after a resume.
+        in_flight = self.next_round.sampler_state if self.next_round is not None else None
         return self._workers().save(
-            self.step, trainer_state=trainer_state, dataloader_state=self.sampler.state_dict()
+            self.step, trainer_state=trainer_state, dataloader_state=in_flight or self.sampler.state_dict()
         )
 
     def _workers(self) -> PolicyWorkers:
@@ -459,6 +551,8 @@ class _Run:
 
     def close(self, *, started_ray: bool) -> None:
         self.rewards.close()
+        if self.rollout_workers is not None:
+            self.rollout_workers.close()
         if self.workers is not None:
             self.workers.close()
         if started_ray:
@@ -488,7 +582,8 @@ def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) 
     wall_start = time.perf_counter()
     run = _Run(cfg)
     cpus = (os.cpu_count() or 1) if resolve_device_kind(cfg) is DeviceKind.CPU else None
-    started_ray = ensure_ray(num_cpus=max(cpus, run.world_size) if cpus else None, runtime_env=ray_runtime_env)
+    processes = process_count(cfg)
+    started_ray = ensure_ray(num_cpus=max(cpus, processes) if cpus else None, runtime_env=ray_runtime_env)
     log_dir = run_dir(cfg)
     logger = MetricsLogger(
         log_dir,

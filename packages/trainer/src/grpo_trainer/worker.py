@@ -1,4 +1,5 @@
-"""One rank: the policy (`Actor` over a backend) and its colocated rollout engine, in one process.
+"""One rank: the policy (`Actor` over a backend) and, with rollout.mode=sync, its colocated rollout
+engine, in one process (with one_step_off the engines are `rollout_worker.RolloutWorker`s).
 
 `PolicyWorker` is a plain class; `worker_group` runs it as a Ray actor and `policy_workers` is the
 driver's typed facade over it: one method here per phase of the step. Every method that touches
@@ -25,6 +26,7 @@ from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.rollout import make_rollout_engine
 from grpo_trainer.rollout_memory import RolloutMemory
+from grpo_trainer.rollout_worker import publish_weights
 
 log = structlog.get_logger()
 
@@ -101,14 +103,15 @@ class PolicyWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(
             self.cfg.actor.model_path, trust_remote_code=self.cfg.actor.trust_remote_code
         )
-        shared = getattr(backend, "module", None)  # the hf engine generates with the policy's own module
-        # The engine allocates as it will run (policy offloaded, expandable segments off: vLLM's
-        # sleep-mode allocator refuses them), then sleeps until the first rollout.
-        self.memory.before_rollout()
-        self.engine = make_rollout_engine(
-            self.cfg, device=device, tokenizer=self.tokenizer, policy_module=shared, in_training_ranks=True
-        )
-        self.rollout_sleep()
+        if self.cfg.rollout.mode == "sync":  # one_step_off: the engines are rollout workers of their own
+            shared = getattr(backend, "module", None)  # the hf engine generates with the policy's own module
+            # The engine allocates as it will run (policy offloaded, expandable segments off: vLLM's
+            # sleep-mode allocator refuses them), then sleeps until the first rollout.
+            self.memory.before_rollout()
+            self.engine = make_rollout_engine(
+                self.cfg, device=device, tokenizer=self.tokenizer, policy_module=shared, in_training_ranks=True
+            )
+            self.rollout_sleep()
         log.info(
             "worker.ready",
             rank=self.rank,
@@ -148,8 +151,17 @@ class PolicyWorker:
         return self.engine.generate(prompts, params, vision=vision)
 
     def sync_weights(self) -> None:
-        """The policy's current weights into the rollout engine."""
+        """The policy's current weights into the colocated rollout engine."""
         self.engine.update_weights(self._actor().backend.named_weights())
+
+    def publish_weights(self) -> list[Any]:
+        """The policy's current weights for rollout workers of their own: put in Ray's object store
+        by rank 0 (its references; [] on the other ranks, which join the gathering collectives)."""
+        return publish_weights(
+            self._actor().backend.named_weights(),
+            bucket_mb=self.cfg.rollout.weight_sync_bucket_mb,
+            keep=self.rank == 0,
+        )
 
     # -- policy -----------------------------------------------------------------------------------
     def log_probs(self, batch: PolicyBatch, *, ref: bool) -> torch.Tensor:
@@ -225,7 +237,8 @@ class PolicyWorker:
         self._actor().load_state_dict(state)
         if loaded.rng is not None:
             restore_rng(loaded.rng)
-        self.sync_weights()
+        if self.engine is not None:  # rollout workers of their own are sent the weights by the driver
+            self.sync_weights()
         return {
             "step": loaded.step,
             "trainer_state": loaded.trainer_state,

@@ -147,15 +147,27 @@ class WorkerGroup:
         `timeout_setting` is the config key behind `timeout_s` ("timeouts.update_s"), quoted when
         the call times out."""
 
+        refs = self.submit(method, args_per_rank=args_per_rank, **kwargs)
+        return self.wait(
+            refs, what=method, timeout_s=timeout_s, timeout_setting=timeout_setting, on_done=on_done
+        )
+
+    def submit(
+        self,
+        method: str,
+        *,
+        args_per_rank: Sequence[tuple[tuple[Any, ...], dict[str, Any]]] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Start `method` on every rank and return at once: one Ray reference per rank, for `wait`
+        (which applies the failure and timeout handling of `call`)."""
         if args_per_rank is not None and len(args_per_rank) != self.world_size:
             raise ValueError(f"args_per_rank has {len(args_per_rank)} entries for {self.world_size} ranks")
         refs = []
         for rank, actor in enumerate(self.actors):
             args, kw = args_per_rank[rank] if args_per_rank is not None else ((), {})
             refs.append(getattr(actor, method).remote(*args, **{**kwargs, **kw}))
-        return self.wait(
-            refs, what=method, timeout_s=timeout_s, timeout_setting=timeout_setting, on_done=on_done
-        )
+        return refs
 
     def call_rank(
         self,
