@@ -19,6 +19,7 @@ With rollout.mode=one_step_off the engines are rollout workers of their own
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -334,16 +335,14 @@ class _Run:
         the rollout workers get the current weights and start on the next step's prompts."""
         request, self.next_round = self.next_round, None
         if request is None:  # the first step, or after a resume: nothing in flight
-            with timer("weight_sync"):
-                self.send_weights()
+            self.send_weights(timer)
             request = self.launch(self.round_request(next_prompts(), step=self.step))
         with timer("generate_wait"):
             generated = self._pending(request).result()
         sampled = self._overlong_metrics(self.score(request.chunks, generated.outputs, n=request.params[0].n, timer=timer))
         sampled.metrics["rollout/staleness"] = float(self.step - generated.weights_version)
         sampled.metrics["timing/generate_s"] = generated.seconds
-        with timer("weight_sync"):
-            self.send_weights()
+        self.send_weights(timer)
         if self.step + 1 < self.total_steps:
             sampler_state = self.sampler.state_dict()
             self.next_round = self.launch(self.round_request(next_prompts(), step=self.step + 1))
@@ -372,12 +371,14 @@ class _Run:
             raise RuntimeError("the generation round was not launched")
         return request.pending
 
-    def send_weights(self) -> None:
-        """The policy's current weights into the rollout workers, unless they have them already."""
+    def send_weights(self, timer: PhaseTimer | None = None) -> None:
+        """The policy's current weights into the rollout workers, unless they have them already
+        (timed as `weight_sync` when sent)."""
         if self.rollout_version == self.step:
             return
-        refs = self._workers().publish_weights()
-        self._rollout_workers().load_weights(refs, version=self.step)
+        with timer("weight_sync") if timer is not None else contextlib.nullcontext():
+            refs = self._workers().publish_weights()
+            self._rollout_workers().load_weights(refs, version=self.step)
         self.rollout_version = self.step
 
     def _rollout_workers(self) -> RolloutWorkers:
