@@ -22,6 +22,15 @@ from pathlib import Path
 VARIANTS: dict[str, list[str]] = {
     "grpo": [],
     "tis": ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"],
+    # The same algorithm as "tis" with one-step-off rollout: one training rank and one rollout
+    # worker of its own (the 2 cores split the same way as the 2 training ranks of the others).
+    "one_step_off": [
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=2.0",
+        "device.devices_per_node=1",
+        "rollout.mode=one_step_off",
+        "rollout.devices_per_node=1",
+    ],
     "gspo": [
         "actor.policy_loss.loss_mode=gspo",
         "actor.loss_agg_mode=seq-mean-token-mean",
@@ -76,11 +85,17 @@ def run_variant(name: str, overrides: list[str], *, steps: int, workdir: Path) -
         "reward_last10": _mean(records, "reward/mean", last),
         "val_last": next((records[s]["val/reward_mean"] for s in sorted(records, reverse=True) if "val/reward_mean" in records[s]), float("nan")),
         "step_s": statistics.median(records[s]["timing/step_s"] for s in records if s > 1),
+        # Training throughput: every step's wall (generation, waits and sync included).
+        "steps_per_s": len(records) / sum(records[s]["timing/step_s"] for s in records),
         "logprob_gap": _mean(records, "rollout_corr/max_abs_log_prob_diff", range(1, steps + 1)),  # per step max
     }
     if "rollout_corr/rollout_is_mean" in records[1]:
         row["is_mean"] = _mean(records, "rollout_corr/rollout_is_mean", range(1, steps + 1))
         row["is_frac_high"] = _mean(records, "rollout_corr/rollout_is_ratio_fraction_high", range(1, steps + 1))
+    if "rollout/staleness" in records[1]:
+        row["staleness"] = _mean(records, "rollout/staleness", range(1, steps + 1))
+        row["generate_s"] = statistics.median(records[s]["timing/generate_s"] for s in records if s > 1)
+        row["generate_wait_s"] = statistics.median(records[s]["timing/generate_wait_s"] for s in records if s > 1)
     if "train/num_gen_batches" in records[1]:
         row["rounds"] = sum(records[s]["train/num_gen_batches"] for s in records)
         row["dropped"] = sum(records[s]["dynamic_sampling/groups_dropped"] for s in records)
@@ -105,7 +120,8 @@ def main() -> None:
         for name in args.only:
             rows[name] = run_variant(name, [*VARIANTS[name], *args.overrides], steps=args.steps, workdir=Path(tmp) / name)
     print(f"\n{args.steps} steps each; extra overrides: {' '.join(args.overrides) or '(none)'}")
-    order = ["reward_first10", "reward_last10", "reward_generated_last10", "val_last", "step_s", "logprob_gap",
+    order = ["reward_first10", "reward_last10", "reward_generated_last10", "val_last", "step_s", "steps_per_s",
+             "staleness", "generate_s", "generate_wait_s", "logprob_gap",
              "is_mean", "is_frac_high", "rounds", "rounds_first10", "rounds_last10", "generated", "dropped", "kl_coef_last"]
     keys = [k for k in order if any(k in row for row in rows.values())]
     print("| variant | " + " | ".join(keys) + " |")

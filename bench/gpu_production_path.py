@@ -18,19 +18,22 @@ OUT/gpu_production_path.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 import tempfile
 import threading
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from algorithms_tiny import VARIANTS
 from megatron_gpu_train import MEGATRON
 
-PHASES = ("generate", "reward", "old_log_probs", "ref_log_probs", "update", "weight_sync", "step")
+PHASES = ("generate", "generate_wait", "reward", "old_log_probs", "ref_log_probs", "update", "weight_sync", "step")
 # Runs beside "resident" / "offload" (both plain GRPO): the algorithms, on the real rollout-training
 # mismatch of vLLM (bf16) against the Megatron actor.
 # The CPU benchmark's variants (bench/algorithms_tiny.py), DAPO without its overlong shaping.
@@ -38,15 +41,36 @@ ALGORITHMS: dict[str, list[str]] = {
     "tis": VARIANTS["tis"],
     "gspo": VARIANTS["gspo"],
     "dapo": [o for o in VARIANTS["dapo"] if not o.startswith("reward.overlong_buffer.")],
+    # TIS with one-step-off rollout: the rollout worker (vLLM, awake throughout) in a Ray actor of
+    # its own. This machine lends one GPU: both actors share it (`_one_gpu_for_two_actors`).
+    "one_step_off": [*VARIANTS["one_step_off"], "rollout.free_cache_engine=false"],
 }
 REPORTED = (
     "rollout_corr/kl",
     "rollout_corr/max_abs_log_prob_diff",
     "rollout_corr/rollout_is_mean",
     "rollout_corr/rollout_is_ratio_fraction_high",
+    "rollout/staleness",
     "train/num_gen_batches",
     "dynamic_sampling/groups_dropped",
 )
+
+
+@contextlib.contextmanager
+def _one_gpu_for_two_actors() -> Iterator[None]:
+    """A Ray cluster that counts two GPUs and leaves CUDA_VISIBLE_DEVICES alone, so that the
+    training actor and the rollout worker of rollout.mode=one_step_off (one GPU each) both run on
+    the machine's one H200, time-sliced; a real deployment gives the rollout workers GPUs of their
+    own (rollout.devices_per_node)."""
+    import ray
+
+    os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+    ray.init(num_gpus=2, include_dashboard=False, log_to_driver=True)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        del os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
 
 
 class GpuMemoryPeak:
@@ -113,7 +137,8 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
         "logging.plot=false",
         *ALGORITHMS.get(name, []),
     ]
-    with GpuMemoryPeak() as memory:
+    shared = _one_gpu_for_two_actors() if name == "one_step_off" else contextlib.nullcontext()
+    with shared, GpuMemoryPeak() as memory:
         result = train(grpo_config.load(preset, overrides))
     rows = {s: r for s, r in read_metrics(result.metrics_path).items() if "reward/mean" in r}
     later = [r for s, r in rows.items() if s > 1]
@@ -128,9 +153,12 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
         "reward_last10": statistics.fmean(rewards[-10:]),
         "rewards": rewards,
         "phase_s_median": {
-            p: statistics.median(r[f"timing/{p}_s"] for r in later) for p in PHASES if f"timing/{p}_s" in later[0]
+            p: statistics.median(r[f"timing/{p}_s"] for r in later if f"timing/{p}_s" in r)
+            for p in PHASES
+            if any(f"timing/{p}_s" in r for r in later)
         },
         "step1_s": rows[1]["timing/step_s"],
+        "steps_per_s": len(rows) / sum(r["timing/step_s"] for r in rows.values()),
         "rollout_tokens_per_s_median": statistics.median(
             r["response_length/mean"] * sequences / r["timing/generate_s"] for r in later
         ),

@@ -38,6 +38,8 @@ HF_EXPORT = "tests/test_checkpoint_hf_export.py"
 MEGATRON_PROVIDER = f"{TRAINER}/megatron/test_megatron_provider.py"
 LANDS_ON_PROVIDER = f"{MEGATRON_PROVIDER}::test_settings_and_overrides_land_on_the_bridge_provider"
 
+VALIDATE = "packages/config/tests/test_validate.py"
+ONE_STEP_OFF = "tests/test_one_step_off.py::test_each_step_trains_on_responses_of_the_weights_one_update_behind"
 ALGO = "tests/test_algorithm_settings.py"
 ALGO_TRAIN = "tests/test_algorithms_train.py::test_every_algorithm_on_writes_its_metrics_and_resumes_its_kl_coefficient"
 DYNAMIC = f"{ALGO}::test_dynamic_sampling_drops_equal_groups_and_generates_until_the_batch_is_full"
@@ -202,6 +204,16 @@ READ: dict[str, tuple[str, ...]] = {
         TINY_TRAIN,
     ),
     "rollout.dtype": (VLLM_SETTINGS, VLLM_KWARGS),
+    "rollout.mode": (
+        ONE_STEP_OFF,
+        "tests/test_one_step_off.py::test_resume_sends_the_checkpoint_weights_before_generating",
+        f"{VALIDATE}::test_one_step_off_refuses_what_it_cannot_honour",
+    ),
+    "rollout.nnodes": (f"{VALIDATE}::test_one_step_off_loads_with_its_rollout_devices_and_correction",),
+    "rollout.devices_per_node": (
+        f"{VALIDATE}::test_one_step_off_loads_with_its_rollout_devices_and_correction",
+        ONE_STEP_OFF,
+    ),
     "rollout.n": (SAMPLING,),
     "rollout.temperature": (SAMPLING,),
     "rollout.top_p": (SAMPLING,),

@@ -87,7 +87,7 @@ def test_a_checkpoint_holds_the_sampler_before_the_prompts_in_flight(first_run) 
 
 
 def test_resume_sends_the_checkpoint_weights_before_generating(first_run) -> None:
-    workdir, first = first_run
+    workdir, _ = first_run
     cfg = grpo_config.load(tiny_preset(workdir), [*OVERRIDES, f"total_training_steps={STEPS + 2}"])
     result = train(cfg)
     assert result.resumed_from is not None and result.resumed_from.name == f"global_step_{STEPS}"
