@@ -77,3 +77,19 @@ def test_bucket_size_must_be_positive():
 def test_unknown_dtype_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown dtype 'nope'"):
         unpack_bucket([("x", "nope", [1], 0, 4)], b"\0" * 16)
+
+
+def test_expert_weights_reported_under_the_moe_layer_name_count_as_loaded():
+    from grpo_trainer.rollout.vllm_worker_ext import unloaded
+
+    params = [
+        "model.layers.0.mlp.experts.routed_experts.w13_weight",
+        "model.layers.0.mlp.experts.routed_experts.w2_weight",
+        "model.layers.0.mlp.gate.weight",
+        "lm_head.weight",
+    ]
+    # vLLM 0.26's names for the first two (the H200 run's sync reported them missing).
+    loaded = {"model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.experts.w2_weight", "model.layers.0.mlp.gate.weight"}
+    assert unloaded(params, loaded) == ["lm_head.weight"]
+    assert unloaded(params, set(params)) == []
+    assert unloaded(params, set()) == sorted(params)
