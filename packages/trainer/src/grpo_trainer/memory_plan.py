@@ -23,7 +23,8 @@ process for the CUDA/CANN context, communication buffers and allocator slack.
 
 Phases on one colocated device: training (actor weights, gradients, on-device optimizer state,
 activations, a resident reference model) and rollout (vLLM reserves `gpu_memory_utilization` of the
-device for its weights and KV cache; beside it stays whatever the actor does not offload). The
+device for its weights and KV cache; beside it stays whatever the actor does not offload). With
+rollout.mode=one_step_off the rollout phase is a rollout worker's device: vLLM's reservation alone. The
 plan's peak is the larger phase. Checked against measured peaks in docs/benchmarks.md ("Memory
 plan").
 """
@@ -243,6 +244,9 @@ def plan_memory(cfg: TrainerConfig, counts: ModelCounts, *, device_bytes: int | 
         "actor_optimizer": 0 if megatron and mc.optimizer_offload else training["optimizer"],
         "reference": training["reference"],
     }
+    if cfg.rollout.mode == "one_step_off":  # the engines are on devices of their own
+        resident = {}
+        notes.append("rollout.mode=one_step_off: the rollout phase is on the rollout workers' devices")
     rollout: dict[str, int] = {}
     if cfg.rollout.engine == "vllm" and device_bytes is not None:
         reserved = int(cfg.rollout.gpu_memory_utilization * device_bytes)
