@@ -228,6 +228,26 @@ def test_dotted_overrides_and_verl_aliases(launch_env, capsys) -> None:
     assert doc["config"]["data"]["train_batch_size"] == 256
 
 
+def test_one_step_off_dry_run_shows_the_rollout_workers_and_their_memory(launch_env, capsys) -> None:
+    _, doc = dry_run(
+        "35b",
+        "gpu",
+        "rollout.mode=one_step_off",
+        "rollout.devices_per_node=8",
+        "rollout.tensor_parallel_size=1",
+        "rollout.free_cache_engine=false",
+        "algorithm.rollout_correction.rollout_is=token",
+        "actor.megatron.param_offload=false",
+        "actor.megatron.grad_offload=false",
+        "actor.megatron.optimizer_offload=false",
+        capsys=capsys,
+    )
+    rollout = doc["world"]["rollout"]
+    assert rollout["mode"] == "one_step_off" and rollout["replicas"] == 8
+    assert rollout["rollout_workers"] == {"nnodes": 1, "devices_per_node": 8, "devices": 8}
+    assert doc["world"]["world_size"] == 8  # the training ranks; the rollout workers come beside them
+
+
 def test_device_from_the_device_variable(launch_env, monkeypatch, capsys) -> None:
     monkeypatch.setenv("DEVICE", "NPU")
     assert main_35b(["--dry-run", "--output-dir", "/o"]) == 0

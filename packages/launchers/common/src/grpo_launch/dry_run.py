@@ -28,12 +28,25 @@ def world_summary(plan: LaunchPlan) -> dict[str, Any]:
         "actor": {"tp": par.tp, "pp": par.pp, "cp": par.cp, "ep": par.ep, "etp": par.etp, "vpp": par.vpp},
         "data_parallel": world // model_parallel,
         "expert_data_parallel": world // (par.pp * par.ep * par.etp),
-        "rollout": {
-            "tensor_parallel_size": replicas.tensor_parallel_size,
-            "replicas": replicas.count,
-            "ranks_of_each_replica": replicas.describe(),
-        },
+        "rollout": _rollout_summary(cfg, replicas),
     }
+
+
+def _rollout_summary(cfg: Any, replicas: grpo_config.RolloutReplicas) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "mode": cfg.rollout.mode,
+        "tensor_parallel_size": replicas.tensor_parallel_size,
+        "replicas": replicas.count,
+    }
+    if cfg.rollout.mode == "one_step_off":  # rollout workers on devices beside the training world
+        summary["rollout_workers"] = {
+            "nnodes": cfg.rollout.nnodes,
+            "devices_per_node": cfg.rollout.devices_per_node,
+            "devices": replicas.world_size,
+        }
+    else:
+        summary["ranks_of_each_replica"] = replicas.describe()
+    return summary
 
 
 def steps_summary(plan: LaunchPlan) -> list[str]:
