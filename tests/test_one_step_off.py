@@ -95,3 +95,23 @@ def test_resume_sends_the_checkpoint_weights_before_generating(first_run) -> Non
     assert records[STEPS + 1]["rollout/staleness"] == 0.0
     assert records[STEPS + 1]["rollout/logprob_abs_diff"] < SAME_WEIGHTS  # not the starting weights
     assert records[STEPS + 2]["rollout/staleness"] == 1.0
+
+
+def test_a_cluster_without_the_rollout_devices_is_refused_at_once(ray_cluster, monkeypatch) -> None:
+    """The device check before the rollout workers' placement; a Ray cluster reporting one GPU
+    stands in for a GPU cluster (there is none here)."""
+    import ray
+
+    from grpo_trainer.rollout_workers import RolloutWorkers
+    from grpo_trainer.worker_group import WorkerError
+
+    cfg = grpo_config.load(
+        None,
+        [
+            "device.kind=cuda", "device.devices_per_node=1", "rollout.mode=one_step_off", "rollout.devices_per_node=2",
+            "algorithm.rollout_correction.rollout_is=token", "rollout.free_cache_engine=false",
+        ],
+    )
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
+    with pytest.raises(WorkerError, match=r"needs 1 GPU for training .* and 2 more for the rollout workers .* has 1"):
+        RolloutWorkers(cfg)

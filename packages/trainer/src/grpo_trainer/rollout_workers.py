@@ -15,7 +15,7 @@ from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.policy_workers import SHUTDOWN_TIMEOUT_S, cpus_per_worker
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout_worker import RolloutWorker
-from grpo_trainer.worker_group import WorkerGroup
+from grpo_trainer.worker_group import WorkerError, WorkerGroup
 
 log = structlog.get_logger()
 
@@ -25,6 +25,23 @@ class GenerationResult:
     outputs: list[list[Generation]]  # per worker, grouped by prompt
     weights_version: int  # policy updates behind the weights that sampled them
     seconds: float  # the slowest worker's generation time
+
+
+def _check_devices(cfg: TrainerConfig, resource: str) -> None:
+    """Refuse at once a cluster without a device for every training rank and rollout worker (the
+    placement would otherwise wait `timeouts.setup_s` for devices that cannot come)."""
+    import ray
+
+    training = cfg.device.nnodes * cfg.device.devices_per_node
+    rollout = cfg.rollout.nnodes * cfg.rollout.devices_per_node
+    have = int(ray.cluster_resources().get(resource, 0))
+    if have < training + rollout:
+        raise WorkerError(
+            f"rollout.mode=one_step_off needs {training} {resource} for training (device.nnodes x "
+            f"device.devices_per_node) and {rollout} more for the rollout workers (rollout.nnodes x "
+            f"rollout.devices_per_node), {training + rollout} in all; the Ray cluster has {have}. Add nodes, "
+            "or lower device.devices_per_node or rollout.devices_per_node."
+        )
 
 
 class PendingGeneration:
@@ -61,6 +78,8 @@ class RolloutWorkers:
         self.cfg = cfg
         self.world_size = cfg.rollout.nnodes * cfg.rollout.devices_per_node
         resource = ray_resource_name(resolve_device_kind(cfg))
+        if resource is not None:
+            _check_devices(cfg, resource)
         cpus = cpus_per_worker(cfg, resource=resource)
         self.group = WorkerGroup(
             RolloutWorker,
