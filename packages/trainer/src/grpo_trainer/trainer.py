@@ -221,7 +221,7 @@ class _Run:
         )
         if any(item.images for item in rollout.items):
             batch.vision = [self.vision_of(item) for item in rollout.items]
-        self._vision.clear()  # built once per prompt per step
+        self._forget_vision()
         num_mini_batches = cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size
         shards = dp_row_split(len(rollout.generations), num_mini_batches=num_mini_batches, dp_size=workers.dp_size)
 
@@ -461,6 +461,13 @@ class _Run:
         workers.rollout_sleep()
         return outputs
 
+    def _forget_vision(self) -> None:
+        """Pixel inputs are built once per prompt per step: drop this step's, keep those of the
+        next step's generation in flight (one_step_off)."""
+        ahead = self.next_round.chunks if self.next_round is not None else []
+        keep = {(p.index, p.images) for chunk in ahead for p in chunk}
+        self._vision = {key: value for key, value in self._vision.items() if key in keep}
+
     def vision_of(self, item: PromptItem) -> VisionInputs | None:
         """A prompt's pixel inputs, built once per prompt by the model's image processor (kept for
         the step's training batch); None for a text prompt."""
@@ -542,7 +549,9 @@ class _Run:
         # The prompts of a generation in flight are drawn again after a resume.
         in_flight = self.next_round.sampler_state if self.next_round is not None else None
         return self._workers().save(
-            self.step, trainer_state=trainer_state, dataloader_state=in_flight or self.sampler.state_dict()
+            self.step,
+            trainer_state=trainer_state,
+            dataloader_state=in_flight if in_flight is not None else self.sampler.state_dict(),
         )
 
     def _workers(self) -> PolicyWorkers:
