@@ -17,7 +17,6 @@ import pytest
 import grpo_config
 from grpo_launch import tiny_preset
 from grpo_trainer import TrainResult, read_metrics, train
-from grpo_trainer.worker_group import ensure_ray
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -39,16 +38,6 @@ OVERRIDES = [
 # this; one update at lr 1e-3 moves them far more (measured: 0.08-0.16 mean abs per token).
 SAME_WEIGHTS = 1e-5
 ONE_UPDATE_BEHIND = 1e-3
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    started = ensure_ray(num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

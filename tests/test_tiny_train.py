@@ -20,7 +20,6 @@ import pytest
 import grpo_config
 from grpo_launch import tiny_preset
 from grpo_trainer import TrainResult, WorkerError, read_metrics, train
-from grpo_trainer.worker_group import ensure_ray
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -43,16 +42,6 @@ from grpo_launch import tiny_preset
 from grpo_trainer import train
 train(grpo_config.load(tiny_preset(Path(sys.argv[1])), sys.argv[2:]))
 """
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    started = ensure_ray(num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def _run(workdir: Path, overrides: list[str]) -> TrainResult:

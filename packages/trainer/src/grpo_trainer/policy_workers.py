@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
 import torch
 
 from grpo_config.replicas import RolloutReplicas
@@ -25,8 +24,6 @@ from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.worker import PolicyWorker
 from grpo_trainer.worker_group import WorkerGroup
-
-log = structlog.get_logger()
 
 SHUTDOWN_TIMEOUT_S = 60.0
 
@@ -45,6 +42,24 @@ def cpus_per_worker(cfg: TrainerConfig, *, resource: str | None) -> int:
     return max(1, (os.cpu_count() or 1) // process_count(cfg)) if resource is None else 1
 
 
+def device_worker_group(cfg: TrainerConfig, worker_cls: type, *, world_size: int) -> WorkerGroup:
+    """`world_size` actors of `worker_cls`, one device each (CPU: a share of the cores, as many
+    torch threads), built with `cfg` under the `timeouts.setup_s` placement limit."""
+    from grpo_device import ray_resource_name
+
+    resource = ray_resource_name(resolve_device_kind(cfg))
+    cpus = cpus_per_worker(cfg, resource=resource)
+    return WorkerGroup(
+        worker_cls,
+        world_size=world_size,
+        resource=resource,
+        cpus_per_worker=cpus,
+        ready_timeout_s=cfg.timeouts.setup_s,
+        cfg=cfg,
+        num_threads=cpus,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResumedState:
     path: Path
@@ -54,22 +69,10 @@ class ResumedState:
 
 class PolicyWorkers:
     def __init__(self, cfg: TrainerConfig) -> None:
-        from grpo_device import ray_resource_name
-
         self.cfg = cfg
         self.world_size = cfg.device.nnodes * cfg.device.devices_per_node
         self.replicas = RolloutReplicas.for_config(cfg)
-        resource = ray_resource_name(resolve_device_kind(cfg))
-        cpus = cpus_per_worker(cfg, resource=resource)
-        self._group = WorkerGroup(
-            PolicyWorker,
-            world_size=self.world_size,
-            resource=resource,
-            cpus_per_worker=cpus,
-            ready_timeout_s=cfg.timeouts.setup_s,
-            cfg=cfg,
-            num_threads=cpus,
-        )
+        self._group = device_worker_group(cfg, PolicyWorker, world_size=self.world_size)
         addr, port = self._group.call_rank(
             0, "rendezvous_address", timeout_s=cfg.timeouts.setup_s, timeout_setting="timeouts.setup_s"
         )
@@ -193,9 +196,4 @@ class PolicyWorkers:
     def close(self) -> None:
         """Ask every rank to shut down (engines release shared and device memory), then kill the
         actors; a rank that cannot answer is killed anyway."""
-        if self._group.actors:
-            try:
-                self._group.call("shutdown", timeout_s=SHUTDOWN_TIMEOUT_S, timeout_setting=None)
-            except Exception as exc:  # a failed rank: the group is already stopped
-                log.warning("policy_workers.shutdown_failed", error=str(exc).splitlines()[0])
-        self._group.kill()
+        self._group.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S)

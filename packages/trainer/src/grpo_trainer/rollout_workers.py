@@ -8,16 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from grpo_config.schema import TrainerConfig
 from grpo_trainer.devices import resolve_device_kind
-from grpo_trainer.policy_workers import SHUTDOWN_TIMEOUT_S, cpus_per_worker
+from grpo_trainer.policy_workers import SHUTDOWN_TIMEOUT_S, device_worker_group
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout_worker import RolloutWorker
-from grpo_trainer.worker_group import WorkerError, WorkerGroup
-
-log = structlog.get_logger()
+from grpo_trainer.worker_group import WorkerError
 
 
 @dataclass(kw_only=True)
@@ -80,16 +76,7 @@ class RolloutWorkers:
         resource = ray_resource_name(resolve_device_kind(cfg))
         if resource is not None:
             _check_devices(cfg, resource)
-        cpus = cpus_per_worker(cfg, resource=resource)
-        self.group = WorkerGroup(
-            RolloutWorker,
-            world_size=self.world_size,
-            resource=resource,
-            cpus_per_worker=cpus,
-            ready_timeout_s=cfg.timeouts.setup_s,
-            cfg=cfg,
-            num_threads=cpus,
-        )
+        self.group = device_worker_group(cfg, RolloutWorker, world_size=self.world_size)
         self.group.call("setup", timeout_s=cfg.timeouts.setup_s, timeout_setting="timeouts.setup_s")
 
     def start(
@@ -121,9 +108,4 @@ class RolloutWorkers:
         return max(seconds)
 
     def close(self) -> None:
-        if self.group.actors:
-            try:
-                self.group.call("shutdown", timeout_s=SHUTDOWN_TIMEOUT_S, timeout_setting=None)
-            except Exception as exc:  # a failed worker: the group is already stopped
-                log.warning("rollout_workers.shutdown_failed", error=str(exc).splitlines()[0])
-        self.group.kill()
+        self.group.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S)

@@ -311,6 +311,16 @@ class WorkerGroup:
                 out.setdefault(rank, "its process never reported its pid (it may still be starting)")
         return out
 
+    def shutdown(self, *, timeout_s: float) -> None:
+        """Ask every actor to `shutdown()` (engines release shared and device memory), then kill
+        them all; an actor that cannot answer is killed anyway (idempotent)."""
+        if self.actors:
+            try:
+                self.call("shutdown", timeout_s=timeout_s, timeout_setting=None)
+            except Exception as exc:  # a failed rank: the group is already stopped
+                log.warning("worker_group.shutdown_failed", error=str(exc).splitlines()[0])
+        self.kill()
+
     def kill(self) -> None:
         """Kill every actor and release the placement group (idempotent)."""
         import ray

@@ -16,29 +16,35 @@ pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `h
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def test_tiny_grpo_loop_runs_three_steps_on_vllm(tmp_path):
+def _preset_on_tiny_qwen3(tmp_path) -> tuple[dict, list[str]]:
+    """The tiny preset with its model swapped for a dense tiny Qwen3 on the same tokenizer, and the
+    overrides of a short vLLM run (one rank, no validation, no checkpoint until the end)."""
     from tiny_qwen3 import build_tiny_qwen3  # this folder's helper (conftest puts it on sys.path)
     from transformers import AutoTokenizer
 
-    import grpo_config
     from grpo_launch import tiny_preset
-    from grpo_trainer.trainer import train
 
     preset = tiny_preset(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(preset["actor"]["model_path"])
     build_tiny_qwen3(tmp_path / "qwen3", seed=1, tokenizer=tokenizer)
-    overrides = [
+    return preset, [
         f"actor.model_path={tmp_path / 'qwen3'}",
         "rollout.engine=vllm",
         "rollout.enforce_eager=true",
-        "total_training_steps=3",
         "test_freq=-1",
         "device.devices_per_node=1",
         "checkpoint.save_freq=-1",
         "logging.tensorboard=false",
         "logging.plot=false",
     ]
-    cfg = grpo_config.load(preset, overrides)
+
+
+def test_tiny_grpo_loop_runs_three_steps_on_vllm(tmp_path):
+    import grpo_config
+    from grpo_trainer.trainer import train
+
+    preset, overrides = _preset_on_tiny_qwen3(tmp_path)
+    cfg = grpo_config.load(preset, [*overrides, "total_training_steps=3"])
     result = train(cfg)
 
     assert result.final_step == 3
@@ -55,30 +61,16 @@ def test_one_step_off_rollout_worker_runs_vllm_and_takes_the_weights(tmp_path):
     rank): 2 steps, then a resumed third. The resumed step is generated after the checkpoint's
     weights were sent through the object store: its engine log-probs match the policy's (float32),
     which they would not with the engine's starting weights two updates back."""
-    from tiny_qwen3 import build_tiny_qwen3
-    from transformers import AutoTokenizer
-
     import grpo_config
-    from grpo_launch import tiny_preset
     from grpo_trainer import read_metrics
     from grpo_trainer.trainer import train
 
-    preset = tiny_preset(tmp_path)
-    tokenizer = AutoTokenizer.from_pretrained(preset["actor"]["model_path"])
-    build_tiny_qwen3(tmp_path / "qwen3", seed=1, tokenizer=tokenizer)
-    overrides = [
-        f"actor.model_path={tmp_path / 'qwen3'}",
-        "rollout.engine=vllm",
-        "rollout.enforce_eager=true",
+    preset, overrides = _preset_on_tiny_qwen3(tmp_path)
+    overrides += [
         "rollout.mode=one_step_off",
         "rollout.devices_per_node=1",
         "rollout.free_cache_engine=false",
         "algorithm.rollout_correction.rollout_is=token",
-        "test_freq=-1",
-        "device.devices_per_node=1",
-        "checkpoint.save_freq=-1",
-        "logging.tensorboard=false",
-        "logging.plot=false",
     ]
     assert train(grpo_config.load(preset, [*overrides, "total_training_steps=2"])).final_step == 2
     result = train(grpo_config.load(preset, [*overrides, "total_training_steps=3"]))
