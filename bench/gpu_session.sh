@@ -32,7 +32,7 @@ for part in "$@"; do
     tests|tests=*)
       expr=${part#tests}; expr=${expr#=}
       timeout 420 python3 -m pytest -p no:cacheprovider -q -rs -s ${expr:+-k "$expr"} \
-        packages/trainer/tests/megatron/test_megatron_gpu.py tests/test_vl_megatron_gpu.py 2>&1 \
+        packages/trainer/tests/megatron/test_megatron_gpu.py packages/trainer/tests/megatron/test_fusions.py tests/test_vl_megatron_gpu.py 2>&1 \
         | grep -v -e "Loading weights" -e "Writing model" -e "Warning:" -e "warnings.warn" | tee "$OUT/megatron_gpu_tests.log" | tail -n 30 || status=1 ;;
     train|train=*)
       args=${part#train}; args=${args#=}

@@ -38,6 +38,7 @@ def megatron_cfg(
     seq: int,
     torch_gdn: bool,
     grouped_experts: bool = False,
+    fused_permutation: bool = False,
     attention: str = "auto",
 ) -> Any:
     from grpo_config.schema import ActorConfig, DataConfig, MegatronConfig, TrainerConfig
@@ -45,7 +46,7 @@ def megatron_cfg(
     mc = MegatronConfig(
         transformer_impl="local",
         moe_grouped_gemm=grouped_experts,  # local layers: torch._grouped_mm experts
-        moe_permute_fusion=False,
+        moe_permute_fusion=fused_permutation,  # local layers: grpo's gather permutation
         apply_rope_fusion=False,
         moe_token_dispatcher_type="alltoall",
         moe_router_load_balancing_type="none",
@@ -320,20 +321,49 @@ def mfu_model(family: str, layers: int, experts: int, topk: int, moe_ffn: int, h
     )
 
 
-def profile_update(backend: Any, batch: Any, top: int = 15) -> dict[str, Any]:
-    """GPU time of one update by kernel (self time), to see what bounds the MFU."""
+def profile_update(backend: Any, batch: Any, top: int = 40) -> dict[str, Any]:
+    """Where one update's GPU time goes: kernels by name (device events only, so nothing is
+    counted twice), the aten ops that launched them with the Python lines above them, and the
+    share of the update's wall time the GPU was busy (low: launch-bound)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU], with_stack=True) as prof:
         backend.update(batch, num_mini_batches=1, ppo_epochs=1)
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
-    total = sum(e.self_device_time_total for e in events)
-    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    wall_ms = (time.perf_counter() - start) * 1e3
+    averages = prof.key_averages()
+    kernels = [e for e in averages if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+    kernel_ms = sum(e.self_device_time_total for e in kernels) / 1e3
+    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    ops = [
+        e
+        for e in prof.key_averages(group_by_stack_n=6)
+        if e.device_type == DeviceType.CPU and e.self_device_time_total > 0
+    ]
+    ops.sort(key=lambda e: e.self_device_time_total, reverse=True)
+
+    def frames(event: Any) -> list[str]:
+        return [f for f in (event.stack or []) if "torch/" not in f][:3]
+
     return {
-        "gpu_busy_ms": total / 1e3,
+        "wall_ms_profiled": wall_ms,
+        "kernel_ms": kernel_ms,
+        "gpu_busy_share": kernel_ms / wall_ms,
         "kernels": [
-            {"name": e.key[:90], "ms": e.self_device_time_total / 1e3, "calls": e.count} for e in events[:top]
+            {"name": e.key[:110], "ms": round(e.self_device_time_total / 1e3, 2), "calls": e.count}
+            for e in kernels[:top]
+        ],
+        "ops": [
+            {
+                "op": e.key,
+                "ms": round(e.self_device_time_total / 1e3, 2),
+                "calls": e.count,
+                "where": frames(e),
+            }
+            for e in ops[:top]
         ],
     }
 
@@ -347,7 +377,7 @@ def phase_mfu(spec: str) -> None:
     from grpo_trainer.protocols import PolicyBatch
 
     family, *numbers = spec.split(",")
-    family, *options = family.split("+")  # e.g. qwen3moe+gmm+unfused
+    family, *options = family.split("+")  # e.g. qwen3moe+gmm+perm (+unfused: megatron-core attention)
     layers, experts, topk, moe_ffn, hidden, batch, seq, micro = (int(v) for v in numbers)
     config = mfu_model(family, layers, experts, topk, moe_ffn, hidden, seq)
     work = Path(tempfile.mkdtemp())
@@ -360,6 +390,7 @@ def phase_mfu(spec: str) -> None:
         seq=seq,
         torch_gdn=family != "qwen3moe",
         grouped_experts="gmm" in options,
+        fused_permutation="perm" in options,
         attention="unfused" if "unfused" in options else "auto",
     )
     backend = Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_path)))

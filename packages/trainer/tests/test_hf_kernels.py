@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo_trainer import hf_kernels
-from grpo_trainer.hf_kernels import FUNCTIONS, use_torch_kernels_on_cpu
+from grpo_trainer.hf_kernels import FUNCTIONS, chunk_size_for, size_delta_rule_chunks_on_cpu, use_torch_kernels_on_cpu
 
 
 def _triton_only(reference):
@@ -46,6 +46,46 @@ def test_cpu_inputs_go_to_the_reference_and_packed_ones_are_refused(monkeypatch)
     assert module.torch_chunk_gated_delta_rule("no tensor") == "kernel"  # other devices keep the kernel
     with pytest.raises(ValueError, match="cannot keep them apart"):
         module.torch_chunk_gated_delta_rule(x, x, x, g=x, beta=x, cu_seqlens=torch.tensor([0, 2, 4]))
+
+
+def test_cpu_calls_without_a_chunk_size_get_one_sized_to_the_sequence(monkeypatch) -> None:
+    seen: list[object] = []
+
+    def rule(query, key, value, g, beta, chunk_size=64, **kwargs):
+        seen.append(chunk_size)
+        return query
+
+    module = types.ModuleType("fake_qwen35_modeling_sized")
+    module.torch_chunk_gated_delta_rule = _triton_only(rule)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(hf_kernels, "MODULES", (module.__name__,))
+    use_torch_kernels_on_cpu()
+    assert size_delta_rule_chunks_on_cpu() == [f"{module.__name__}.torch_chunk_gated_delta_rule"]
+    assert size_delta_rule_chunks_on_cpu() == [] and use_torch_kernels_on_cpu() == []  # both idempotent
+    for seq_len in (3, 11, 40, 300):
+        x = torch.ones(2, seq_len, 2, 8)
+        module.torch_chunk_gated_delta_rule(x, x, x, g=x, beta=x)
+    module.torch_chunk_gated_delta_rule(x, x, x, g=x, beta=x, chunk_size=32)  # the caller's choice stays
+    assert seen == [8, 16, 64, 64, 32]
+    assert [chunk_size_for(n) for n in (1, 8, 9, 33, 64, 65)] == [8, 8, 16, 64, 64, 64]
+
+
+def test_a_sized_chunk_gives_the_64_token_chunks_result() -> None:
+    modeling = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    rule = modeling.torch_chunk_gated_delta_rule
+    reference = getattr(rule, "__wrapped__", rule)
+    while hasattr(reference, "__wrapped__"):
+        reference = reference.__wrapped__
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 11, 2, 16, generator=gen) for _ in range(3))
+    g = -torch.rand(3, 11, 2, generator=gen)
+    beta = torch.rand(3, 11, 2, generator=gen)
+    full, state = reference(q, k, v, g=g, beta=beta, chunk_size=64, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    sized, sized_state = reference(
+        q, k, v, g=g, beta=beta, chunk_size=chunk_size_for(11), output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    torch.testing.assert_close(sized, full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sized_state, state, rtol=1e-5, atol=1e-5)
 
 
 def test_a_qwen35_forward_on_the_cpu_survives_a_gpu_only_kernel(monkeypatch) -> None:

@@ -37,7 +37,9 @@ SEQ = 96
 def _cfg(model_path: Path, *, grouped_experts: bool, backend: str = "megatron"):
     from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, TrainerConfig
 
-    megatron = tiny_hf.local_megatron_config(grouped_experts=grouped_experts)
+    # Grouped experts with grpo's own fused permutation (the local layers' fast path); the
+    # sequential experts with megatron-core's unfused permutation.
+    megatron = tiny_hf.local_megatron_config(grouped_experts=grouped_experts, fused_permutation=grouped_experts)
     actor = ActorConfig(
         model_path=str(model_path),
         backend=backend,
@@ -60,7 +62,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_hf.save_random_model(tiny_hf.qwen35_moe_config(), tmp_path_factory.mktemp("q35") / "hf")
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["sequential-experts", "grouped-experts"])
+@pytest.fixture(scope="module", params=[False, True], ids=["sequential-experts", "grouped-experts-fused-permutation"])
 def actor(request: pytest.FixtureRequest, model_path: Path):
     from grpo_trainer.actor import Actor
     from grpo_trainer.backends.megatron import MegatronBackend

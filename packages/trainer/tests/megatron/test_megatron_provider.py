@@ -102,7 +102,9 @@ def test_settings_and_overrides_land_on_the_bridge_provider(auto_bridge: object,
     )
     provider = auto_bridge.from_hf_pretrained(str(qwen35_path)).to_megatron_provider(load_weights=False)
     configure_provider(provider, _cfg(megatron), megatron=megatron, seq_length=96)
-    assert provider.transformer_layer_spec is local_block_spec
+    spec = provider.transformer_layer_spec
+    assert spec.func is local_block_spec
+    assert spec.keywords == {"grouped_experts": False, "fused_permutation": False}
     assert provider.moe_router_topk == 1  # override beats the bridge's value from the HF config (2)
     assert provider.moe_grouped_gemm is False and provider.moe_permute_fusion is False
     assert provider.moe_aux_loss_coeff == 0.01 and provider.recompute_granularity == "selective"

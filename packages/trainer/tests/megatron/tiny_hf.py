@@ -112,14 +112,14 @@ def _zero_centred(config: Any, name: str) -> bool:
     return config.model_type.startswith("qwen3_5") and "linear_attn.norm" not in name
 
 
-def local_megatron_config(*, grouped_experts: bool) -> Any:
+def local_megatron_config(*, grouped_experts: bool, fused_permutation: bool = False) -> Any:
     """The Megatron settings the GPU tests run with: no TransformerEngine on the GPU machine."""
     from grpo_config.schema import MegatronConfig
 
     return MegatronConfig(
         transformer_impl="local",
         moe_grouped_gemm=grouped_experts,
-        moe_permute_fusion=False,
+        moe_permute_fusion=fused_permutation,
         apply_rope_fusion=False,
         moe_router_load_balancing_type="none",
         use_distributed_optimizer=True,

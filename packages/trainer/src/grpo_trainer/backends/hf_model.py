@@ -22,9 +22,10 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     models."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+    from grpo_trainer.hf_kernels import size_delta_rule_chunks_on_cpu, use_torch_kernels_on_cpu
 
     use_torch_kernels_on_cpu()
+    size_delta_rule_chunks_on_cpu()  # the generation prefill too
     if not path:
         raise ValueError("actor.model_path is empty: set it to a Hugging Face model directory or hub id")
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -41,13 +42,12 @@ def linear_attention_kwargs(model: torch.nn.Module, seq_len: int) -> dict[str, i
     torch fallback pads every sequence to its 64-token chunk; a chunk of the next power of two
     >= `seq_len` gives the same result (up to float rounding) for short sequences at a fraction of
     the cost (measured 2x on a whole fwd+bwd of the tiny model at 11 tokens). {} for other models."""
+    from grpo_trainer.hf_kernels import chunk_size_for
+
     config = getattr(model, "config", None)
     if "linear_attention" not in (getattr(config, "layer_types", None) or ()):
         return {}
-    chunk = 8
-    while chunk < min(seq_len, 64):
-        chunk *= 2
-    return {"chunk_size": chunk}
+    return {"chunk_size": chunk_size_for(seq_len)}
 
 
 def autocast_context(device: torch.device, dtype_name: str) -> contextlib.AbstractContextManager:

@@ -130,9 +130,10 @@ def configure_provider(
     for name, value in {**settings, **overrides}.items():
         setattr(provider, name, value)
     if megatron.transformer_impl == "local":
-        grouped = torch_grouped_experts(megatron)
-        provider.transformer_layer_spec = (
-            partial(local_block_spec, grouped_experts=grouped) if grouped else local_block_spec
+        provider.transformer_layer_spec = partial(
+            local_block_spec,
+            grouped_experts=torch_grouped_experts(megatron),
+            fused_permutation=megatron.moe_permute_fusion,
         )
     if overrides:
         log.info("megatron.override_transformer_config", **{k: repr(v) for k, v in overrides.items()})

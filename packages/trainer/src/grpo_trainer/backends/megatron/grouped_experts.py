@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.moe.experts import SequentialMLP
 
+from grpo_trainer.backends.megatron.fusions import swiglu_times_probs
+
 
 class _ContiguousGrad(torch.autograd.Function):
     """Identity whose backward hands on a contiguous gradient (`_grouped_mm`'s backward refuses
@@ -42,9 +44,7 @@ def grouped_swiglu_experts(
     fc1 = torch.stack(fc1_weights)  # [E, 2F, H]
     fc2 = torch.stack(fc2_weights)  # [E, H, F]
     intermediate = torch._grouped_mm(hidden, fc1.transpose(1, 2), offs=offsets)
-    gate, up = torch.chunk(intermediate, 2, dim=-1)
-    activated = F.silu(gate) * up
-    activated = (activated * probs.unsqueeze(-1)).to(hidden.dtype)
+    activated = swiglu_times_probs(intermediate, probs)
     out = torch._grouped_mm(activated, fc2.transpose(1, 2), offs=offsets)
     return _ContiguousGrad.apply(out)
 

@@ -31,6 +31,8 @@ from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubm
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLPSubmodules
+from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import (
@@ -45,6 +47,7 @@ from megatron.core.transformer.transformer_layer import (
 )
 
 import grpo_device
+from grpo_trainer.backends.megatron.fusions import GatherPermutationDispatcher, rms_norm
 
 
 class LocalRMSNorm(torch.nn.Module):
@@ -66,12 +69,8 @@ class LocalRMSNorm(torch.nn.Module):
         self.weight.sequence_parallel = config.sequence_parallel
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # The same order of casts as the HF models, so that bf16 results agree bit for bit.
-        x = hidden_states.float()
-        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        if self.zero_centered:  # Qwen3.5: (1 + w) applied in float32
-            return (x * (1.0 + self.weight.float())).to(hidden_states.dtype)
-        return self.weight * x.to(hidden_states.dtype)  # Qwen3: w applied in the input dtype
+        # HF's order of casts (bf16 results agree with HF's), one fused kernel on CUDA.
+        return rms_norm(hidden_states, self.weight, self.eps, self.zero_centered)
 
 
 class SDPAttention(MegatronModule):
@@ -155,9 +154,26 @@ class _GroupedExpertsSpecProvider(LocalSpecProvider):
         )
 
 
-def local_layer_specs(config: TransformerConfig, *, grouped_experts: bool = False) -> list[ModuleSpec]:
+class FusedPermutationMoELayer(MoELayer):
+    """megatron-core's MoE layer whose all-to-all dispatcher permutes tokens with gathers both ways
+    (`fusions.GatherPermutationDispatcher`): `moe_permute_fusion` without transformer_engine."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        if type(self.token_dispatcher) is not MoEAlltoAllTokenDispatcher:
+            raise ValueError(
+                "moe_permute_fusion on the local Megatron layers needs moe_token_dispatcher_type=alltoall, "
+                f"got {self.config.moe_token_dispatcher_type!r}"
+            )
+        GatherPermutationDispatcher.adopt(self.token_dispatcher)
+
+
+def local_layer_specs(
+    config: TransformerConfig, *, grouped_experts: bool = False, fused_permutation: bool = False
+) -> list[ModuleSpec]:
     """One spec per decoder layer of the whole model (all pipeline stages). `grouped_experts`:
-    MoE experts as grouped GEMMs (`GroupedMMExperts`) instead of `SequentialMLP`."""
+    MoE experts as grouped GEMMs (`GroupedMMExperts`) instead of `SequentialMLP`;
+    `fused_permutation`: tokens permuted for the experts by gathers (`FusedPermutationMoELayer`)."""
     if config.qk_layernorm is False:
         raise ValueError(
             "the local Megatron spec is written for Qwen models with q/k norms (qk_layernorm=True)"
@@ -179,6 +195,8 @@ def local_layer_specs(config: TransformerConfig, *, grouped_experts: bool = Fals
         if config.num_moe_experts
         else None
     )
+    if moe_mlp is not None and fused_permutation:
+        moe_mlp = partial(FusedPermutationMoELayer, *moe_mlp.args, **moe_mlp.keywords)
     specs = []
     for layer in range(config.num_layers):
         attention = _gated_delta_net_spec() if linear_pattern[layer] else _self_attention_spec(config)
@@ -204,11 +222,14 @@ def local_block_spec(
     pp_rank: int | None = None,
     *,
     grouped_experts: bool = False,
+    fused_permutation: bool = False,
 ) -> TransformerBlockSubmodules:
     """The decoder block of this pipeline stage (use as the provider's `transformer_layer_spec`)."""
     if config.pipeline_model_parallel_layout is not None:
         raise ValueError("pipeline_model_parallel_layout is not supported with the local Megatron spec")
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
     count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    specs = local_layer_specs(config, grouped_experts=grouped_experts)[offset : offset + count]
+    specs = local_layer_specs(config, grouped_experts=grouped_experts, fused_permutation=fused_permutation)[
+        offset : offset + count
+    ]
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=LocalRMSNorm)

@@ -161,6 +161,11 @@ def provider_settings(
             "recompute_num_layers"
         )
     local = mc.transformer_impl == "local"
+    if local and mc.moe_permute_fusion and mc.moe_token_dispatcher_type != "alltoall":
+        raise ValueError(
+            "actor.megatron.moe_permute_fusion on the local layers (grpo's own permutation) needs "
+            f"moe_token_dispatcher_type=alltoall, got {mc.moe_token_dispatcher_type!r}: set one of the two"
+        )
     settings: dict[str, Any] = {
         "tensor_model_parallel_size": parallel.tp,
         "pipeline_model_parallel_size": parallel.pp,
@@ -174,7 +179,8 @@ def provider_settings(
         # With the local layers our spec picks the experts module (`torch_grouped_experts`); the
         # provider's own flag would ask megatron-core for TE's grouped GEMM.
         "moe_grouped_gemm": mc.moe_grouped_gemm and not local,
-        "moe_permute_fusion": mc.moe_permute_fusion,
+        # Likewise the permutation: on the local layers ours (`fusions.TokenPermutation`), TE's otherwise.
+        "moe_permute_fusion": mc.moe_permute_fusion and not local,
         "moe_token_dispatcher_type": mc.moe_token_dispatcher_type,
         "moe_aux_loss_coeff": mc.moe_aux_loss_coeff,
         "moe_z_loss_coeff": mc.moe_z_loss_coeff or None,
@@ -236,9 +242,7 @@ def _check_transformer_engine_options(
     if mc.transformer_impl == "transformer_engine" and not transformer_engine_available:
         needs_te.append("actor.megatron.transformer_impl=local")
     if mc.transformer_impl == "local" or not transformer_engine_available:
-        # moe_grouped_gemm needs no TE: the local spec then uses torch grouped GEMMs.
-        if mc.moe_permute_fusion:
-            needs_te.append("actor.megatron.moe_permute_fusion=false")
+        # moe_grouped_gemm and moe_permute_fusion need no TE: the local spec has its own.
         if parallel.cp > 1:
             needs_te.append("parallel.cp=1")
         if mc.attention_backend == "fused":

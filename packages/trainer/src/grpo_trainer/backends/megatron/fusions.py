@@ -1,0 +1,169 @@
+"""Fused kernels for the local (transformer_engine-free) Megatron layers.
+
+What transformer_engine fuses, written as small torch functions that `torch.compile` turns into
+one Triton kernel each on CUDA (on CPU they run eagerly, same arithmetic):
+- RMSNorm with HF's casts (`rms_norm`);
+- SwiGLU times the routing probability on the grouped experts' intermediate (`swiglu_times_probs`);
+- MoE token permutation and un-permutation as gathers both ways (`TokenPermutation`): megatron-core's
+  unfused path scatters with atomic adds (`index_add_` in the permutation's backward,
+  `scatter_add_` in the un-permutation), here every output row is a gather and a sum over its
+  top-k copies, which the compiler fuses into one pass. Used for `moe_permute_fusion=true` on the
+  local layers, where megatron-core's own fused permutation needs transformer_engine.
+`TORCHDYNAMO_DISABLE=1` turns the compilation off (the eager functions then run on CUDA too).
+Imports megatron: only imported by the Megatron backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+
+def cuda_compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`fn` compiled (dynamic shapes) when its first tensor argument is on CUDA, eager otherwise.
+    Compilation is lazy: importing this module compiles nothing."""
+    compiled: list[Callable[..., torch.Tensor]] = []
+
+    def call(first: torch.Tensor, *args: Any) -> torch.Tensor:
+        if first.device.type != "cuda":
+            return fn(first, *args)
+        if not compiled:
+            compiled.append(torch.compile(fn, dynamic=True))
+        return compiled[0](first, *args)
+
+    call.eager = fn  # type: ignore[attr-defined]
+    return call
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
+    # The same order of casts as the HF Qwen models.
+    normed = x.float()
+    normed = normed * torch.rsqrt(normed.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if zero_centered:  # Qwen3.5: (1 + w) applied in float32
+        return (normed * (1.0 + weight.float())).to(x.dtype)
+    return weight * normed.to(x.dtype)  # Qwen3: w applied in the input dtype
+
+
+rms_norm = cuda_compiled(_rms_norm)
+
+
+def _swiglu_times_probs(intermediate: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    # megatron-core's MLP: silu(gate) * up, times the token's routing probability, in the
+    # intermediate's dtype.
+    gate, up = torch.chunk(intermediate, 2, dim=-1)
+    return ((F.silu(gate) * up) * probs.unsqueeze(-1)).to(intermediate.dtype)
+
+
+swiglu_times_probs = cuda_compiled(_swiglu_times_probs)
+
+
+def _sum_copies(rows: torch.Tensor, index: torch.Tensor, copies: int) -> torch.Tensor:
+    gathered = rows.index_select(0, index)
+    return gathered.view(-1, copies, rows.shape[-1]).sum(dim=1)
+
+
+_sum_copies_fused = cuda_compiled(_sum_copies)
+
+
+class _Permute(torch.autograd.Function):
+    """rows[r] = tokens[token_of_row[r]]; backward: each token sums the gradients of its copies."""
+
+    @staticmethod
+    def forward(ctx: Any, tokens: torch.Tensor, token_of_row: torch.Tensor, rows_of_token: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows_of_token)
+        return tokens.index_select(0, token_of_row)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (rows_of_token,) = ctx.saved_tensors
+        return _sum_copies_fused(grad.contiguous(), rows_of_token.view(-1), rows_of_token.shape[1]), None, None
+
+
+class _Unpermute(torch.autograd.Function):
+    """tokens[t] = sum of rows[rows_of_token[t, :]]; backward: each row takes its token's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, token_of_row: torch.Tensor, rows_of_token: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(token_of_row)
+        return _sum_copies_fused(rows.contiguous(), rows_of_token.view(-1), rows_of_token.shape[1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (token_of_row,) = ctx.saved_tensors
+        return grad.contiguous().index_select(0, token_of_row), None, None
+
+
+class TokenPermutation:
+    """Tokens sorted by expert, as megatron-core's `permute` orders them (expert by expert, tokens in
+    their order within an expert), for a routing map where every token picks exactly `topk`
+    experts (top-k routing without capacity dropping or padding)."""
+
+    def __init__(self, routing_map: torch.Tensor, topk: int) -> None:
+        num_tokens = routing_map.shape[0]
+        flat = routing_map.T.contiguous().view(-1)
+        # Positions of the chosen (expert, token) pairs in expert-major order; a stable argsort
+        # gives a fixed-size result without a host sync (as megatron-core does).
+        self.positions = flat.argsort(descending=True, stable=True)[: num_tokens * topk]
+        self.token_of_row = self.positions % num_tokens
+        # Each token's rows, in expert order: the inverse of the permutation, for the gathers back.
+        self.rows_of_token = torch.argsort(self.token_of_row, stable=True).view(num_tokens, topk)
+
+    def permute(self, tokens: torch.Tensor) -> torch.Tensor:
+        return _Permute.apply(tokens, self.token_of_row, self.rows_of_token)
+
+    def permute_probs(self, probs: torch.Tensor) -> torch.Tensor:
+        return probs.T.contiguous().view(-1)[self.positions]
+
+    def unpermute(self, rows: torch.Tensor) -> torch.Tensor:
+        return _Unpermute.apply(rows, self.token_of_row, self.rows_of_token)
+
+
+class GatherPermutationDispatcher(MoEAlltoAllTokenDispatcher):
+    """megatron-core's all-to-all dispatcher with its local permutation steps (before the
+    all-to-all and after it) done by `TokenPermutation`; the all-to-all and the expert-chunk
+    sorting are megatron-core's. Installed on a built dispatcher (`adopt`)."""
+
+    @classmethod
+    def adopt(cls, dispatcher: MoEAlltoAllTokenDispatcher) -> None:
+        config = dispatcher.config
+        unsupported = [
+            name
+            for name, value in (
+                ("moe_expert_capacity_factor", config.moe_expert_capacity_factor),
+                ("moe_pad_expert_input_to_capacity", config.moe_pad_expert_input_to_capacity),
+                ("moe_router_padding_for_quantization", config.moe_router_padding_for_quantization),
+            )
+            if value
+        ]
+        if unsupported:
+            raise ValueError(
+                "moe_permute_fusion on the local Megatron layers permutes top-k routed tokens "
+                f"without dropping or padding; unset {', '.join(unsupported)} or moe_permute_fusion"
+            )
+        dispatcher.__class__ = cls
+
+    def dispatch_preprocess(
+        self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.hidden_shape = hidden_states.shape
+        self.probs = probs
+        self.routing_map = routing_map
+        hidden_states = hidden_states.view(-1, self.hidden_shape[-1])
+        self.tokens_per_expert = self.preprocess(routing_map)
+        if self.shared_experts is not None:
+            self.shared_experts.pre_forward_comm(hidden_states.view(self.hidden_shape))
+        self.tokens_per_expert = self._maybe_dtoh_and_synchronize("before_permutation_1", self.tokens_per_expert)
+        self.hidden_shape_before_permute = hidden_states.shape
+        self.permutation = TokenPermutation(routing_map, self.config.moe_router_topk)
+        return self.permutation.permute(hidden_states), self.permutation.permute_probs(probs)
+
+    def combine_postprocess(self, permutated_local_input_tokens: torch.Tensor) -> torch.Tensor:
+        output = self.permutation.unpermute(permutated_local_input_tokens).view(self.hidden_shape)
+        self.permutation = None
+        if self.shared_experts is not None:
+            output += self.shared_experts.get_output()
+        return output

@@ -1,0 +1,189 @@
+"""The local layers' fused pieces (`grpo_trainer.backends.megatron.fusions`) against what they
+replace, on CPU with the real megatron-core: the gather permutation against megatron-core's
+`permute` / `unpermute` (values, routing probabilities, gradients), and the settings that turn it on.
+The compiled (CUDA) variants run in the GPU tests (`test_megatron_gpu.py`, grouped-experts case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from grpo_config.schema import ActorConfig, MegatronConfig, TrainerConfig
+from grpo_trainer.backends.megatron import megatron_available
+
+pytestmark = [
+    pytest.mark.megatron,
+    pytest.mark.skipif(
+        not megatron_available(), reason="megatron-bridge is not installed (use the megatron hatch env)"
+    ),
+]
+
+
+def _top_k_routing(tokens: int, experts: int, topk: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.rand(tokens, experts, generator=gen)
+    top = scores.topk(topk, dim=-1)
+    routing_map = torch.zeros(tokens, experts, dtype=torch.bool).scatter(1, top.indices, True)
+    probs = torch.zeros(tokens, experts).scatter(1, top.indices, top.values.softmax(-1))
+    return routing_map, probs
+
+
+@pytest.mark.parametrize(("tokens", "experts", "topk"), [(13, 6, 2), (40, 8, 8), (1, 4, 1)])
+def test_gather_permutation_equals_megatron_cores_permute_and_unpermute(tokens: int, experts: int, topk: int) -> None:
+    from megatron.core.transformer.moe.moe_utils import permute, unpermute
+
+    from grpo_trainer.backends.megatron.fusions import TokenPermutation
+
+    routing_map, probs = _top_k_routing(tokens, experts, topk, seed=tokens)
+    hidden = torch.randn(tokens, 16, dtype=torch.float64)
+    theirs_in, ours_in = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    weights = torch.randn(tokens * topk, 16, dtype=torch.float64)  # stands in for the experts
+
+    rows, theirs_probs, sorted_indices, _, _ = permute(
+        theirs_in, routing_map, probs=probs, num_out_tokens=tokens * topk
+    )
+    theirs = unpermute(rows * weights, sorted_indices, theirs_in.shape, routing_map=routing_map)
+    permutation = TokenPermutation(routing_map, topk)
+    ours_rows = permutation.permute(ours_in)
+    ours = permutation.unpermute(ours_rows * weights)
+
+    assert torch.equal(ours_rows, rows) and torch.equal(permutation.permute_probs(probs), theirs_probs)
+    assert torch.equal(permutation.token_of_row, sorted_indices)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(theirs)
+    theirs.backward(grad)
+    ours.backward(grad)
+    torch.testing.assert_close(ours_in.grad, theirs_in.grad, rtol=1e-12, atol=1e-12)
+    # Every token came back: the sum over its top-k copies of (its row x the expert weight).
+    expected = torch.stack(
+        [(hidden[t] * weights[permutation.rows_of_token[t]]).sum(0) for t in range(tokens)]
+    )
+    torch.testing.assert_close(ours.detach(), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_gather_permutation_keeps_bf16_sums_at_float32_accuracy() -> None:
+    """The un-permutation sums a token's copies in one reduction (fp32 accumulation) instead of
+    bf16 atomic adds one copy at a time."""
+    from grpo_trainer.backends.megatron.fusions import TokenPermutation
+
+    routing_map, _ = _top_k_routing(64, 32, 8, seed=3)
+    rows = torch.randn(64 * 8, 256)
+    permutation = TokenPermutation(routing_map, 8)
+    exact = permutation.unpermute(rows.double())
+    ours = permutation.unpermute(rows.bfloat16()).double()
+    reference = permutation.unpermute(rows.bfloat16().double())  # the bf16 inputs summed exactly
+    assert (ours - reference).abs().max() <= reference.abs().max() * 2**-8
+    assert (ours - exact).abs().mean() < 0.02
+
+
+def _cfg(megatron: MegatronConfig) -> TrainerConfig:
+    return TrainerConfig(actor=ActorConfig(model_path="/m", backend="megatron", megatron=megatron))
+
+
+LOCAL = MegatronConfig(transformer_impl="local", apply_rope_fusion=False, moe_grouped_gemm=True, moe_permute_fusion=True)
+
+
+def test_local_permute_fusion_is_grpos_own_and_megatron_core_is_not_asked_for_te() -> None:
+    from grpo_trainer.backends.megatron.provider_config import provider_settings
+
+    settings = provider_settings(_cfg(LOCAL), transformer_engine_available=False)
+    assert settings["moe_permute_fusion"] is False  # megatron-core would ask transformer_engine
+
+
+def test_local_permute_fusion_needs_the_alltoall_dispatcher() -> None:
+    from grpo_trainer.backends.megatron.provider_config import provider_settings
+
+    with pytest.raises(ValueError, match="moe_token_dispatcher_type=alltoall"):
+        provider_settings(
+            _cfg(dataclasses.replace(LOCAL, moe_token_dispatcher_type="allgather")),
+            transformer_engine_available=False,
+        )
+    off = dataclasses.replace(LOCAL, moe_token_dispatcher_type="allgather", moe_permute_fusion=False)
+    assert provider_settings(_cfg(off), transformer_engine_available=False)["moe_permute_fusion"] is False
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_local_block_spec_builds_moe_layers_with_the_permutation_the_setting_names(fused: bool) -> None:
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    from grpo_trainer.backends.megatron.local_spec import FusedPermutationMoELayer, local_layer_specs
+
+    config = _tiny_moe_transformer_config()
+    specs = local_layer_specs(config, grouped_experts=True, fused_permutation=fused)
+    mlp = specs[0].submodules.mlp
+    assert mlp.func is (FusedPermutationMoELayer if fused else MoELayer)
+    assert issubclass(FusedPermutationMoELayer, MoELayer)
+
+
+def _tiny_moe_transformer_config():
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_moe_experts=4,
+        moe_router_topk=2,
+        qk_layernorm=True,
+        normalization="RMSNorm",
+        use_cpu_initialization=True,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (the compiled kernels)")
+def test_compiled_kernels_equal_the_eager_functions_on_cuda_forward_and_backward() -> None:
+    from grpo_trainer.backends.megatron.fusions import rms_norm, swiglu_times_probs
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(37, 3, 256, device="cuda", generator=gen).bfloat16()
+    for weight, zero_centered in ((torch.randn(256, device="cuda") * 0.1, True), (torch.rand(256, device="cuda") + 0.5, False)):
+        weight = weight.bfloat16()
+        eager_in, compiled_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+        eager = rms_norm.eager(eager_in, weight, 1e-6, zero_centered)
+        compiled = rms_norm(compiled_in, weight, 1e-6, zero_centered)
+        # bf16 outputs: at most one rounding step apart (the fp32 reduction order may differ)
+        torch.testing.assert_close(compiled, eager, rtol=2**-7, atol=1e-3)
+        grad = torch.randn_like(eager)
+        eager.backward(grad)
+        compiled.backward(grad)
+        torch.testing.assert_close(compiled_in.grad, eager_in.grad, rtol=2**-6, atol=1e-2)
+
+    rows = torch.randn(300, 2 * 96, device="cuda", generator=gen).bfloat16()
+    probs = torch.rand(300, device="cuda", generator=gen)
+    eager_in, compiled_in = rows.clone().requires_grad_(), rows.clone().requires_grad_()
+    eager = swiglu_times_probs.eager(eager_in, probs)
+    compiled = swiglu_times_probs(compiled_in, probs)
+    torch.testing.assert_close(compiled, eager, rtol=2**-7, atol=1e-3)
+    grad = torch.randn_like(eager)
+    eager.backward(grad)
+    compiled.backward(grad)
+    torch.testing.assert_close(compiled_in.grad, eager_in.grad, rtol=2**-6, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (the compiled kernels)")
+def test_gather_permutation_on_cuda_equals_megatron_cores_in_bf16() -> None:
+    from megatron.core.transformer.moe.moe_utils import permute, unpermute
+
+    from grpo_trainer.backends.megatron.fusions import TokenPermutation
+
+    routing_map, _ = _top_k_routing(4096, 32, 8, seed=1)
+    routing_map = routing_map.cuda()
+    hidden = torch.randn(4096, 512, device="cuda").bfloat16()
+    theirs_in, ours_in = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    rows, _, sorted_indices, _, _ = permute(theirs_in, routing_map, num_out_tokens=4096 * 8)
+    theirs = unpermute(rows, sorted_indices, hidden.shape, routing_map=routing_map)
+    permutation = TokenPermutation(routing_map, 8)
+    ours = permutation.unpermute(permutation.permute(ours_in))
+    # each token comes back as the sum of its 8 copies: 8 x itself (exact in bf16)
+    assert torch.equal(ours, hidden * 8)
+    torch.testing.assert_close(ours, theirs, rtol=2**-7, atol=0)
+    grad = torch.randn_like(hidden)
+    theirs.backward(grad)
+    ours.backward(grad)
+    assert torch.equal(ours_in.grad, grad * 8)
+    torch.testing.assert_close(ours_in.grad, theirs_in.grad, rtol=2**-7, atol=0)
