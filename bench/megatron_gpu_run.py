@@ -39,6 +39,7 @@ def megatron_cfg(
     torch_gdn: bool,
     grouped_experts: bool = False,
     fused_permutation: bool = False,
+    fused_rope: bool = False,
     attention: str = "auto",
 ) -> Any:
     from grpo_config.schema import ActorConfig, DataConfig, MegatronConfig, TrainerConfig
@@ -47,7 +48,7 @@ def megatron_cfg(
         transformer_impl="local",
         moe_grouped_gemm=grouped_experts,  # local layers: torch._grouped_mm experts
         moe_permute_fusion=fused_permutation,  # local layers: grpo's gather permutation
-        apply_rope_fusion=False,
+        apply_rope_fusion=fused_rope,  # local layers: megatron-core's rotary function compiled
         moe_token_dispatcher_type="alltoall",
         moe_router_load_balancing_type="none",
         attention_backend=attention,  # auto: SDPA; unfused: megatron-core DotProductAttention
@@ -377,7 +378,7 @@ def phase_mfu(spec: str) -> None:
     from grpo_trainer.protocols import PolicyBatch
 
     family, *numbers = spec.split(",")
-    family, *options = family.split("+")  # e.g. qwen3moe+gmm+perm (+unfused: megatron-core attention)
+    family, *options = family.split("+")  # e.g. qwen3moe+gmm+perm+rope (+unfused: megatron-core attention)
     layers, experts, topk, moe_ffn, hidden, batch, seq, micro = (int(v) for v in numbers)
     config = mfu_model(family, layers, experts, topk, moe_ffn, hidden, seq)
     work = Path(tempfile.mkdtemp())
@@ -391,6 +392,7 @@ def phase_mfu(spec: str) -> None:
         torch_gdn=family != "qwen3moe",
         grouped_experts="gmm" in options,
         fused_permutation="perm" in options,
+        fused_rope="rope" in options,
         attention="unfused" if "unfused" in options else "auto",
     )
     backend = Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_path)))

@@ -14,7 +14,12 @@ import pytest
 import torch
 
 from grpo_trainer import hf_kernels
-from grpo_trainer.hf_kernels import FUNCTIONS, chunk_size_for, size_delta_rule_chunks_on_cpu, use_torch_kernels_on_cpu
+from grpo_trainer.hf_kernels import (
+    FUNCTIONS,
+    chunk_size_for,
+    size_delta_rule_chunks_on_cpu,
+    use_torch_kernels_on_cpu,
+)
 
 
 def _triton_only(reference):

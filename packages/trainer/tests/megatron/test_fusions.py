@@ -157,7 +157,8 @@ def test_compiled_kernels_equal_the_eager_functions_on_cuda_forward_and_backward
     eager_in, compiled_in = rows.clone().requires_grad_(), rows.clone().requires_grad_()
     eager = swiglu_times_probs.eager(eager_in, probs)
     compiled = swiglu_times_probs(compiled_in, probs)
-    torch.testing.assert_close(compiled, eager, rtol=2**-7, atol=1e-3)
+    # eager rounds to bf16 after each op, the kernel once: a few elements one bf16 step apart
+    torch.testing.assert_close(compiled, eager, rtol=2**-6, atol=2**-6)
     grad = torch.randn_like(eager)
     eager.backward(grad)
     compiled.backward(grad)
@@ -181,9 +182,54 @@ def test_gather_permutation_on_cuda_equals_megatron_cores_in_bf16() -> None:
     ours = permutation.unpermute(permutation.permute(ours_in))
     # each token comes back as the sum of its 8 copies: 8 x itself (exact in bf16)
     assert torch.equal(ours, hidden * 8)
-    torch.testing.assert_close(ours, theirs, rtol=2**-7, atol=0)
+    # megatron-core adds the copies one at a time in bf16 (a rounding per add): up to 2 steps off
+    torch.testing.assert_close(ours, theirs, rtol=2**-6, atol=0)
     grad = torch.randn_like(hidden)
     theirs.backward(grad)
     ours.backward(grad)
     assert torch.equal(ours_in.grad, grad * 8)
-    torch.testing.assert_close(ours_in.grad, theirs_in.grad, rtol=2**-7, atol=0)
+    torch.testing.assert_close(ours_in.grad, theirs_in.grad, rtol=2**-6, atol=0)
+
+
+def test_rope_fusion_on_the_local_layers_is_megatron_cores_rotary_function(monkeypatch) -> None:
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from grpo_trainer.backends.megatron.fusions import install_compiled_rope
+
+    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", None)  # no transformer_engine
+    with pytest.raises(ValueError, match="apply_rope_fusion is not available"):
+        TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, apply_rope_fusion=True)
+    assert install_compiled_rope() is True
+    assert install_compiled_rope() is False  # a kernel is there now
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, apply_rope_fusion=True)
+    t = torch.randn(7, 2, 4, 16)
+    freqs = torch.randn(7, 1, 1, 8)  # partial rotary: half of each head
+    fused = rope_utils.apply_rotary_pos_emb(t, freqs, config=config, cp_group=_NoCP())
+    unfused = rope_utils._apply_rotary_pos_emb_bshd(t, freqs)
+    assert torch.equal(fused, unfused) and not torch.equal(fused, t)
+
+
+class _NoCP:
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+
+def test_fused_adam_is_switched_on_only_for_cuda_parameter_groups() -> None:
+    from types import SimpleNamespace
+
+    from grpo_trainer.backends.megatron.build import use_fused_torch_adam
+
+    cpu = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))])
+    assert use_fused_torch_adam(SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=cpu)])) == 0
+    assert not cpu.param_groups[0]["fused"]
+    if torch.cuda.is_available():
+        gpu = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3, device="cuda"))])
+        assert use_fused_torch_adam(SimpleNamespace(optimizer=gpu)) == 1
+        assert gpu.param_groups[0]["fused"] and not gpu.param_groups[0]["foreach"]
+        gpu.param_groups[0]["params"][0].grad = torch.ones(3, device="cuda")
+        gpu.step()  # the fused kernel takes the group as switched
+        assert gpu.param_groups[0]["params"][0].detach().cpu().lt(0).all()

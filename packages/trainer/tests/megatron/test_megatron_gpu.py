@@ -37,8 +37,8 @@ SEQ = 96
 def _cfg(model_path: Path, *, grouped_experts: bool, backend: str = "megatron"):
     from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, TrainerConfig
 
-    # Grouped experts with grpo's own fused permutation (the local layers' fast path); the
-    # sequential experts with megatron-core's unfused permutation.
+    # Grouped experts with grpo's own fused permutation and RoPE (the local layers' fast path);
+    # the sequential experts with megatron-core's unfused permutation and RoPE.
     megatron = tiny_hf.local_megatron_config(grouped_experts=grouped_experts, fused_permutation=grouped_experts)
     actor = ActorConfig(
         model_path=str(model_path),

@@ -97,17 +97,16 @@ def test_default_config_without_transformer_engine_names_every_switch() -> None:
     with pytest.raises(TransformerEngineRequiredError) as err:
         provider_settings(_cfg(MegatronConfig()), transformer_engine_available=False)
     message = str(err.value)
-    for switch in ("actor.megatron.transformer_impl=local", "actor.megatron.apply_rope_fusion=false"):
-        assert switch in message
-    # the local layers have their own grouped GEMMs and token permutation
-    assert "moe_grouped_gemm" not in message and "moe_permute_fusion" not in message
+    assert "actor.megatron.transformer_impl=local" in message
+    # the local layers have their own grouped GEMMs, token permutation and RoPE kernel
+    for own in ("moe_grouped_gemm", "moe_permute_fusion", "apply_rope_fusion"):
+        assert own not in message
 
 
 @pytest.mark.parametrize(
     ("change", "switch"),
     [
         ({"attention_backend": "fused"}, "attention_backend=auto"),
-        ({"apply_rope_fusion": True}, "apply_rope_fusion=false"),
         ({"gradient_accumulation_fusion": True}, "gradient_accumulation_fusion=false"),
     ],
 )

@@ -120,7 +120,7 @@ def local_megatron_config(*, grouped_experts: bool, fused_permutation: bool = Fa
         transformer_impl="local",
         moe_grouped_gemm=grouped_experts,
         moe_permute_fusion=fused_permutation,
-        apply_rope_fusion=False,
+        apply_rope_fusion=fused_permutation,  # the local layers' fused kernels, together
         moe_router_load_balancing_type="none",
         use_distributed_optimizer=True,
         # FLA 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper; megatron-core's

@@ -4,6 +4,8 @@ What transformer_engine fuses, written as small torch functions that `torch.comp
 one Triton kernel each on CUDA (on CPU they run eagerly, same arithmetic):
 - RMSNorm with HF's casts (`rms_norm`);
 - SwiGLU times the routing probability on the grouped experts' intermediate (`swiglu_times_probs`);
+- rotary position embedding (`install_compiled_rope`): megatron-core's own unfused function,
+  compiled, in the slot it fills with transformer_engine's kernel, for `apply_rope_fusion=true`;
 - MoE token permutation and un-permutation as gathers both ways (`TokenPermutation`): megatron-core's
   unfused path scatters with atomic adds (`index_add_` in the permutation's backward,
   `scatter_add_` in the un-permutation), here every output row is a gather and a sum over its
@@ -59,6 +61,29 @@ def _swiglu_times_probs(intermediate: torch.Tensor, probs: torch.Tensor) -> torc
 
 
 swiglu_times_probs = cuda_compiled(_swiglu_times_probs)
+
+
+def install_compiled_rope() -> bool:
+    """Fill megatron-core's fused-RoPE slot (empty without transformer_engine) with its own
+    unfused rotary function, compiled on CUDA: what `apply_rope_fusion=true` then calls for
+    [s, b, h, d] inputs. megatron-core keeps its unfused path where TE's kernel would not apply
+    (mRoPE with batch > 1, mscale != 1). Returns False when a kernel was there already."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    if rope_utils.fused_apply_rotary_pos_emb is not None:
+        return False
+    unfused = rope_utils._apply_rotary_pos_emb_bshd
+
+    def _rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool) -> torch.Tensor:
+        return unfused(t, freqs, rotary_interleaved=interleaved)
+
+    compiled = cuda_compiled(_rope)
+
+    def fused_apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+        return compiled(t, freqs, interleaved)
+
+    rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
+    return True
 
 
 def _sum_copies(rows: torch.Tensor, index: torch.Tensor, copies: int) -> torch.Tensor:

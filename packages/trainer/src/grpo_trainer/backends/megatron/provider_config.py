@@ -242,14 +242,13 @@ def _check_transformer_engine_options(
     if mc.transformer_impl == "transformer_engine" and not transformer_engine_available:
         needs_te.append("actor.megatron.transformer_impl=local")
     if mc.transformer_impl == "local" or not transformer_engine_available:
-        # moe_grouped_gemm and moe_permute_fusion need no TE: the local spec has its own.
+        # moe_grouped_gemm, moe_permute_fusion and apply_rope_fusion need no TE: the local spec has its own.
         if parallel.cp > 1:
             needs_te.append("parallel.cp=1")
         if mc.attention_backend == "fused":
             needs_te.append("actor.megatron.attention_backend=auto")
-        # RoPE fusion and the fused weight-gradient accumulation are TE (or apex) kernels.
-        if mc.apply_rope_fusion:
-            needs_te.append("actor.megatron.apply_rope_fusion=false")
+        # The fused weight-gradient accumulation is a TE (or apex) kernel; RoPE fusion on the
+        # local layers is megatron-core's rotary function compiled (`fusions.install_compiled_rope`).
         if mc.gradient_accumulation_fusion:
             needs_te.append("actor.megatron.gradient_accumulation_fusion=false")
     if needs_te:
