@@ -8,8 +8,8 @@ one Triton kernel each on CUDA (on CPU they run eagerly, same arithmetic):
   compiled, in the slot it fills with transformer_engine's kernel, for `apply_rope_fusion=true`;
 - MoE token permutation and un-permutation as gathers both ways (`TokenPermutation`): megatron-core's
   unfused path scatters with atomic adds (`index_add_` in the permutation's backward,
-  `scatter_add_` in the un-permutation), here every output row is a gather and a sum over its
-  top-k copies, which the compiler fuses into one pass. Used for `moe_permute_fusion=true` on the
+  `scatter_add_` in the un-permutation), here every output row is the sum of its top-k copies
+  gathered, one pointwise kernel once compiled. Used for `moe_permute_fusion=true` on the
   local layers, where megatron-core's own fused permutation needs transformer_engine.
 `TORCHDYNAMO_DISABLE=1` turns the compilation off (the eager functions then run on CUDA too).
 Imports megatron: only imported by the Megatron backend.
@@ -86,9 +86,16 @@ def install_compiled_rope() -> bool:
     return True
 
 
-def _sum_copies(rows: torch.Tensor, index: torch.Tensor, copies: int) -> torch.Tensor:
-    gathered = rows.index_select(0, index)
-    return gathered.view(-1, copies, rows.shape[-1]).sum(dim=1)
+def _sum_copies(rows: torch.Tensor, rows_of_token: torch.Tensor) -> torch.Tensor:
+    # out[t] = sum over j of rows[rows_of_token[t, j]], accumulated in (at least) float32 and
+    # rounded once. Written as k gathers added up rather than a gather then a sum over a [T, k, H]
+    # view: compiled, that is one pointwise kernel whose loads stay coalesced (the reduction form
+    # compiled to a much slower kernel on the H200: docs/benchmarks.md).
+    accumulate = torch.promote_types(rows.dtype, torch.float32)
+    total = rows.index_select(0, rows_of_token[:, 0]).to(accumulate)
+    for copy in range(1, rows_of_token.shape[1]):
+        total = total + rows.index_select(0, rows_of_token[:, copy])
+    return total.to(rows.dtype)
 
 
 _sum_copies_fused = cuda_compiled(_sum_copies)
@@ -105,7 +112,7 @@ class _Permute(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (rows_of_token,) = ctx.saved_tensors
-        return _sum_copies_fused(grad.contiguous(), rows_of_token.view(-1), rows_of_token.shape[1]), None, None
+        return _sum_copies_fused(grad.contiguous(), rows_of_token), None, None
 
 
 class _Unpermute(torch.autograd.Function):
@@ -114,7 +121,7 @@ class _Unpermute(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, rows: torch.Tensor, token_of_row: torch.Tensor, rows_of_token: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(token_of_row)
-        return _sum_copies_fused(rows.contiguous(), rows_of_token.view(-1), rows_of_token.shape[1])
+        return _sum_copies_fused(rows.contiguous(), rows_of_token)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
