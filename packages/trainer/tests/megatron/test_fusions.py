@@ -233,3 +233,33 @@ def test_fused_adam_is_switched_on_only_for_cuda_parameter_groups() -> None:
         gpu.param_groups[0]["params"][0].grad = torch.ones(3, device="cuda")
         gpu.step()  # the fused kernel takes the group as switched
         assert gpu.param_groups[0]["params"][0].detach().cpu().lt(0).all()
+
+
+def _bare_dispatcher(tp: int, ep: int):
+    """The dispatcher's state that its post/pre-processing reads, without building it (megatron-core
+    creates a CUDA stream at construction)."""
+    from grpo_trainer.backends.megatron.fusions import GatherPermutationDispatcher
+
+    dispatcher = object.__new__(GatherPermutationDispatcher)
+    dispatcher.tp_size, dispatcher.ep_size = tp, ep
+    dispatcher.tokens_per_expert = torch.tensor([3, 0, 2])
+    dispatcher._maybe_dtoh_and_synchronize = lambda point, tokens=None: tokens
+    return dispatcher
+
+
+def test_one_rank_with_every_expert_skips_the_identity_chunk_sort(monkeypatch) -> None:
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    called: list[str] = []
+    monkeypatch.setattr(MoEAlltoAllTokenDispatcher, "dispatch_postprocess", lambda self, t, p: called.append("d"))
+    monkeypatch.setattr(MoEAlltoAllTokenDispatcher, "combine_preprocess", lambda self, h: called.append("c"))
+    tokens, probs = torch.randn(5, 4), torch.rand(5)
+    alone = _bare_dispatcher(tp=1, ep=1)
+    out_tokens, tokens_per_expert, out_probs = alone.dispatch_postprocess(tokens, probs)
+    assert out_tokens is tokens and out_probs is probs  # no copy
+    assert tokens_per_expert.tolist() == [3, 0, 2] and alone.tokens_per_expert is None
+    assert alone.combine_preprocess(tokens) is tokens and called == []
+    shared = _bare_dispatcher(tp=1, ep=2)  # experts on two ranks: megatron-core's sort runs
+    shared.dispatch_postprocess(tokens, probs)
+    shared.combine_preprocess(tokens)
+    assert called == ["d", "c"]

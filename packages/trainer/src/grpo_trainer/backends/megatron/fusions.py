@@ -157,7 +157,8 @@ class TokenPermutation:
 class GatherPermutationDispatcher(MoEAlltoAllTokenDispatcher):
     """megatron-core's all-to-all dispatcher with its local permutation steps (before the
     all-to-all and after it) done by `TokenPermutation`; the all-to-all and the expert-chunk
-    sorting are megatron-core's. Installed on a built dispatcher (`adopt`)."""
+    sorting are megatron-core's, but where one rank holds every expert (TP x EP = 1) the sorting,
+    an identity there, is skipped. Installed on a built dispatcher (`adopt`)."""
 
     @classmethod
     def adopt(cls, dispatcher: MoEAlltoAllTokenDispatcher) -> None:
@@ -192,6 +193,27 @@ class GatherPermutationDispatcher(MoEAlltoAllTokenDispatcher):
         self.hidden_shape_before_permute = hidden_states.shape
         self.permutation = TokenPermutation(routing_map, self.config.moe_router_topk)
         return self.permutation.permute(hidden_states), self.permutation.permute_probs(probs)
+
+    def _one_rank_holds_every_expert(self) -> bool:
+        return self.tp_size * self.ep_size == 1
+
+    def dispatch_postprocess(
+        self, global_input_tokens: torch.Tensor, global_probs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not self._one_rank_holds_every_expert():
+            return super().dispatch_postprocess(global_input_tokens, global_probs)
+        # Nothing came from other ranks: the tokens are in local-expert order already, and
+        # megatron-core's chunk sort (a split and a cat of every token, host syncs for the sizes)
+        # would be the identity.
+        self.tokens_per_expert = self._maybe_dtoh_and_synchronize("before_permutation_2", self.tokens_per_expert)
+        tokens_per_expert = self._maybe_dtoh_and_synchronize("before_finish", self.tokens_per_expert)
+        self.tokens_per_expert = None
+        return global_input_tokens, tokens_per_expert, global_probs
+
+    def combine_preprocess(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not self._one_rank_holds_every_expert():
+            return super().combine_preprocess(hidden_states)
+        return hidden_states  # the chunk un-sort is the identity too
 
     def combine_postprocess(self, permutated_local_input_tokens: torch.Tensor) -> torch.Tensor:
         output = self.permutation.unpermute(permutated_local_input_tokens).view(self.hidden_shape)
