@@ -18,8 +18,9 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     """Float32 weights (the optimiser's master copy; lower precision comes from autocast) on
     `device`. A vision-language checkpoint (a `vision_config`, as Qwen3.5's) loads whole, vision
     tower included (`AutoModelForImageTextToText`). On CPU, MoE experts run as a loop over the hit
-    experts ("eager"): measured 2-3x faster there than transformers' default grouped GEMM for small
-    models."""
+    experts ("eager"): measured 2-3x faster than transformers' grouped GEMM for small models
+    when chosen (an earlier environment); with torch 2.13 the grouped GEMM is at par or ahead on
+    the tiny model (docs/benchmarks.md, "GRPO trainer"), a switch not made yet."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from grpo_trainer.hf_kernels import size_delta_rule_chunks_on_cpu, use_torch_kernels_on_cpu
