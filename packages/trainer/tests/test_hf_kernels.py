@@ -128,3 +128,45 @@ def test_a_qwen35_forward_on_the_cpu_survives_a_gpu_only_kernel(monkeypatch) -> 
     use_torch_kernels_on_cpu()
     with torch.no_grad():
         assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+def test_packed_rows_run_each_sequence_on_its_own_through_the_cpu_kernels(monkeypatch) -> None:
+    """`segment_packed_sequences_on_cpu`: the causal convolution and the chunked delta rule of a
+    packed row (boundaries in `cu_seq_lens_q` / `cu_seqlens`) equal the same functions run on each
+    sequence apart; initial states go in and final states come out per sequence."""
+    modeling = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    from grpo_trainer.hf_kernels import segment_packed_sequences_on_cpu
+
+    for name in ("causal_conv1d_fn", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        function = getattr(modeling, name)
+        while getattr(function, "__grpo_segmented__", False):  # wrapped by an earlier model load
+            function = function.__wrapped__
+        monkeypatch.setattr(modeling, name, function)  # the wrapped one comes back after the test
+    conv, rule = modeling.causal_conv1d_fn, modeling.torch_chunk_gated_delta_rule
+    segment_packed_sequences_on_cpu()
+    assert modeling.causal_conv1d_fn is not conv and modeling.torch_chunk_gated_delta_rule is not rule
+    assert segment_packed_sequences_on_cpu() == []  # idempotent
+    gen = torch.Generator().manual_seed(0)
+    bounds = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
+    pieces = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+
+    x, weight = torch.randn(1, 6, 13, generator=gen), torch.randn(6, 4, generator=gen)
+    packed = modeling.causal_conv1d_fn(x, weight, None, activation="silu", cu_seq_lens_q=bounds)
+    apart = torch.cat([conv(x[..., a:b], weight, None, activation="silu") for a, b in pieces], dim=-1)
+    torch.testing.assert_close(packed, apart)
+    assert not torch.allclose(conv(x, weight, None, activation="silu"), apart)  # it leaks without them
+
+    q, k, v = (torch.randn(1, 13, 2, 8, generator=gen) for _ in range(3))
+    g, beta = -torch.rand(1, 13, 2, generator=gen), torch.rand(1, 13, 2, generator=gen)
+    initial = torch.randn(3, 2, 8, 8, generator=gen)
+    out, final = modeling.torch_chunk_gated_delta_rule(
+        q, k, v, g=g, beta=beta, initial_state=initial, output_final_state=True, cu_seqlens=bounds,
+        use_qk_l2norm_in_kernel=True,
+    )
+    for index, (a, b) in enumerate(pieces):
+        one, one_final = rule(
+            q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
+            initial_state=initial[index : index + 1], output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )
+        torch.testing.assert_close(out[:, a:b], one, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(final[index : index + 1], one_final, atol=1e-5, rtol=1e-5)

@@ -198,22 +198,10 @@ _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 # (dotted key, a value we cannot honour yet, why, what to do instead).
 _NOT_YET: tuple[tuple[str, Any, str], ...] = (
     (
-        "actor.use_remove_padding",
-        True,
-        "packed (padding-free) sequences are not implemented in grpo's backends yet; Qwen3.5's Gated "
-        "DeltaNet layers train packed only with FLA's kernels on Triton >= 3.7.1. Set it to "
-        "false: rows are padded, results are the same, only slower",
-    ),
-    (
         "actor.megatron.use_dist_checkpointing",
         True,
         "grpo saves the Megatron state as one file per rank plus the HF export (checkpoint.export_hf); "
         "megatron-core distributed (torch_dist) checkpoints are not written or read. Set it to false",
-    ),
-    (
-        "ref.use_remove_padding",
-        True,
-        "packed (padding-free) sequences are not implemented in grpo's backends yet; set it to false",
     ),
     (
         "ref.megatron.use_dist_checkpointing",
@@ -399,6 +387,19 @@ def _unread_problems(cfg: TrainerConfig) -> list[str]:
             )
     if cfg.actor.backend == "megatron":
         problems += _megatron_reference_problems(cfg)
+        problems += [
+            f"{key}=True cannot be honoured on the Megatron backend yet: packed (padding-free) rows need "
+            "a core attention that takes sequence boundaries (transformer_engine's, or one not written "
+            "for the local layers) and Qwen3.5's Gated DeltaNet trains packed only with FLA's kernels "
+            "on Triton >= 3.7.1. Set it to false (rows are padded: the same results, slower) or use "
+            "actor.backend=torch, which packs."
+            for key, value in (
+                ("actor.use_remove_padding", cfg.actor.use_remove_padding),
+                # the reference inherits the actor's setting: named once
+                ("ref.use_remove_padding", cfg.ref.use_remove_padding and not cfg.actor.use_remove_padding),
+            )
+            if value
+        ]
     if cfg.actor.loss_scale_factor is not None and cfg.actor.loss_agg_mode != "seq-mean-token-sum-norm":
         problems.append(
             f"actor.loss_scale_factor={cfg.actor.loss_scale_factor}: read by loss_agg_mode="

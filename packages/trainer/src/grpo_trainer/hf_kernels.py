@@ -8,6 +8,11 @@ fails ("0 active drivers") in an environment that holds FLA, as the one with meg
 reference and other devices keep the kernel transformers chose. Idempotent; a no-op where nothing
 was bound to another implementation.
 
+`segment_packed_sequences_on_cpu()` lets packed rows (`actor.use_remove_padding`: several sequences in
+one row, their boundaries in `cu_seqlens` / `cu_seq_lens_q`) through the PyTorch causal convolution
+and delta rules on the CPU, which otherwise would run across the boundaries: each sequence is run on
+its own and the outputs joined.
+
 `size_delta_rule_chunks_on_cpu()` then makes the PyTorch chunked delta rule's CPU calls that name no
 `chunk_size` use `chunk_size_for(sequence length)` instead of its fixed 64-token chunk: the
 generation prefill (transformers' `generate` refuses a `chunk_size` argument), and any other caller.
@@ -118,4 +123,83 @@ def size_delta_rule_chunks_on_cpu() -> list[str]:
             continue
         setattr(module, CHUNKED_RULE, _sized_on_cpu(rule))
         wrapped.append(f"{module_name}.{CHUNKED_RULE}")
+    return wrapped
+
+
+_SEGMENTED = "__grpo_segmented__"
+CONV = "causal_conv1d_fn"
+RECURRENT_RULE = "torch_recurrent_gated_delta_rule"
+PACKED_KWARGS = ("cu_seqlens", "cu_seq_lens_q")
+
+
+def _pop_boundaries(kwargs: dict[str, Any]) -> list[int] | None:
+    found = [kwargs.pop(name) for name in PACKED_KWARGS if name in kwargs]
+    found = [value for value in found if value is not None]
+    return [int(x) for x in found[0].tolist()] if found else None
+
+
+def _conv_by_segment(conv: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(conv)
+    def call(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if hidden_states.device.type != "cpu":
+            return conv(hidden_states, *args, **kwargs)
+        bounds = _pop_boundaries(kwargs)
+        if bounds is None:
+            return conv(hidden_states, *args, **kwargs)
+        # [1, channels, tokens]: the convolution's window starts afresh in each sequence
+        parts = [conv(hidden_states[..., a:b], *args, **kwargs) for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
+        return torch.cat(parts, dim=-1)
+
+    setattr(call, _SEGMENTED, True)
+    setattr(call, _MARK, True)
+    return call
+
+
+def _rule_by_segment(rule: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(rule)
+    def call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any) -> Any:
+        if query.device.type != "cpu":
+            return rule(query, key, value, **kwargs)
+        bounds = _pop_boundaries(kwargs)
+        if bounds is None:
+            return rule(query, key, value, **kwargs)
+        # [1, tokens, heads, dim] (g, beta: [1, tokens, heads]); the state starts from each
+        # sequence's own initial state (none: zeros) and each sequence's final state is returned.
+        initial = kwargs.pop("initial_state", None)
+        tokens = query.shape[1]
+        outputs, states = [], []
+        for index, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=False)):
+            pieces = {
+                name: v[:, a:b] if isinstance(v, torch.Tensor) and v.dim() > 1 and v.shape[1] == tokens else v
+                for name, v in kwargs.items()
+            }
+            state = initial[index : index + 1] if initial is not None else None
+            out, final = rule(query[:, a:b], key[:, a:b], value[:, a:b], initial_state=state, **pieces)
+            outputs.append(out)
+            states.append(final)
+        final_states = torch.cat(states, dim=0) if all(s is not None for s in states) else None
+        return torch.cat(outputs, dim=1), final_states
+
+    setattr(call, _SEGMENTED, True)
+    setattr(call, _MARK, True)
+    return call
+
+
+def segment_packed_sequences_on_cpu() -> list[str]:
+    """Wrap the modules' causal convolution and delta rules so that CPU calls with packed rows
+    (`cu_seqlens` or `cu_seq_lens_q`) run each sequence on its own. Call last (after
+    `size_delta_rule_chunks_on_cpu`: each sequence then gets a chunk of its own size). Returns the
+    names wrapped by this call; idempotent."""
+    wrapped: list[str] = []
+    for module_name in MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for name, wrap in ((CONV, _conv_by_segment), (CHUNKED_RULE, _rule_by_segment), (RECURRENT_RULE, _rule_by_segment)):
+            function = getattr(module, name, None)
+            if function is None or getattr(function, _SEGMENTED, False):
+                continue
+            setattr(module, name, wrap(function))
+            wrapped.append(f"{module_name}.{name}")
     return wrapped

@@ -478,3 +478,43 @@ def test_the_reference_model_is_ref_model_path_in_ref_dtype(tiny_model_dir, tmp_
     expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
     torch.testing.assert_close(ref[row, 1:n], expected, atol=1e-5, rtol=1e-5)  # float32, the other weights
     assert (policy[row, 1:n] - expected).abs().max() > 1e-2
+
+
+def test_packed_rows_give_the_padded_log_probs_entropy_and_gradients(tiny_model_dir) -> None:
+    """actor.use_remove_padding (and the reference's, inherited): every micro-batch runs as one
+    padding-free row of sequences. Same log-probs, entropy and gradients as the padded rows;
+    without the sequence boundaries the Gated DeltaNet layers would run across them."""
+    padded = _actor(tiny_model_dir, ppo_micro_batch_size_per_device=8, kl_loss_coef=0.1)
+    packed = _actor(tiny_model_dir, ppo_micro_batch_size_per_device=8, kl_loss_coef=0.1, use_remove_padding=True)
+    assert packed.backend._packed and packed.backend._ref_packed and not padded.backend._packed
+    batch = _batch(seed=3)
+    out, out_packed = padded.log_probs(batch, with_entropy=True), packed.log_probs(batch, with_entropy=True)
+    torch.testing.assert_close(out_packed["log_probs"], out["log_probs"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out_packed["entropy"], out["entropy"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        packed.log_probs(batch, ref=True)["log_probs"], padded.log_probs(batch, ref=True)["log_probs"], atol=1e-5, rtol=1e-4
+    )
+    grads, grads_packed = _capture_grads(padded), _capture_grads(packed)
+    metrics = padded.update_mini_batch(_prepare(padded, batch))
+    metrics_packed = packed.update_mini_batch(_prepare(packed, _batch(seed=3)))
+    _assert_close(grads, grads_packed, atol=1e-6)
+    assert metrics_packed["pg_loss"] == pytest.approx(metrics["pg_loss"], abs=1e-6)
+
+    # The boundaries matter: one packed row without them is another computation.
+    valid = batch.attention_mask.bool()
+    tokens = batch.input_ids[valid][None, :]
+    positions = (torch.cumsum(valid, 1) - 1)[valid][None, :]
+    with torch.no_grad():
+        leaked = packed.backend.module(input_ids=tokens, position_ids=positions, use_cache=False).logits[0, :-1]
+    flat = torch.log_softmax(leaked.float(), -1).gather(-1, tokens[0, 1:, None]).squeeze(-1)
+    second_row = slice(int(valid[0].sum()), int(valid[0].sum() + valid[1].sum()) - 1)
+    assert (flat[second_row] - out["log_probs"][1, 1 : int(valid[1].sum())]).abs().max() > 1e-3
+
+
+def test_packed_rows_must_be_right_padded(tiny_model_dir) -> None:
+    from grpo_trainer.backends.hf_model import token_log_probs
+
+    actor = _actor(tiny_model_dir)
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    with pytest.raises(ValueError, match="right-padded"):
+        token_log_probs(actor.backend.module, ids, torch.tensor([[0, 1, 1], [1, 1, 1]]), with_entropy=False, packed=True)

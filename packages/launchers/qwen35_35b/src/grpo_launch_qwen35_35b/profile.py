@@ -104,8 +104,9 @@ PROFILE = LaunchProfile(
                 "refused: the pipeline schedule needs micro-batches of one row count",
                 "actor.log_prob_use_dynamic_bsz": "as actor.use_dynamic_bsz (pp=2)",
                 "ref.log_prob_use_dynamic_bsz": "as actor.use_dynamic_bsz (pp=2)",
-                "actor.use_remove_padding": "packed sequences are not implemented in grpo's backends yet "
-                "(refused when true)",
+                "actor.use_remove_padding": "packed rows run on the torch backend only; the Megatron "
+                "backend refuses them (its local layers lack a core attention that takes sequence "
+                "boundaries, and Qwen3.5's Gated DeltaNet trains packed only on Triton >= 3.7.1)",
                 "actor.megatron.override_transformer_config": MINDSPEED_OPTIONS,
             },
         ),

@@ -23,10 +23,15 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     the tiny model (docs/benchmarks.md, "GRPO trainer"), a switch not made yet."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from grpo_trainer.hf_kernels import size_delta_rule_chunks_on_cpu, use_torch_kernels_on_cpu
+    from grpo_trainer.hf_kernels import (
+        segment_packed_sequences_on_cpu,
+        size_delta_rule_chunks_on_cpu,
+        use_torch_kernels_on_cpu,
+    )
 
     use_torch_kernels_on_cpu()
     size_delta_rule_chunks_on_cpu()  # the generation prefill too
+    segment_packed_sequences_on_cpu()  # actor.use_remove_padding
     if not path:
         raise ValueError("actor.model_path is empty: set it to a Hugging Face model directory or hub id")
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -66,12 +71,22 @@ def token_log_probs(
     with_entropy: bool,
     entropy_grad: bool = True,
     vision: dict[str, torch.Tensor] | None = None,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(input_ids[:, t] | input_ids[:, :t]) at position t, shape [B, T], and the entropy of
     the distribution that predicted position t, same layout; 0 at position 0 and on padding.
     Without `entropy_grad` the entropy is computed outside autograd (no [B, T, vocab] kept).
-    `vision`: the batch's pixel inputs (`grpo_trainer.vision.join_rows`), for a vision-language model."""
+    `vision`: the batch's pixel inputs (`grpo_trainer.vision.join_rows`), for a vision-language model.
+    `packed`: the rows (right-padded) run as one padding-free sequence of sequences
+    (`actor.use_remove_padding`); the same numbers up to float rounding, no work on padding."""
     inner = getattr(model, "module", model)  # DDP wraps the HF model
+    if packed:
+        if vision:
+            raise ValueError(
+                "packed sequences (actor.use_remove_padding=true) with images: the vision-language "
+                "positions are not packed yet; set actor.use_remove_padding=false"
+            )
+        return _packed_token_log_probs(model, input_ids, attention_mask, with_entropy=with_entropy, entropy_grad=entropy_grad)
     extra = linear_attention_kwargs(inner, input_ids.shape[1])
     if vision:
         from grpo_trainer.vision import token_types
@@ -89,3 +104,45 @@ def token_log_probs(
     with contextlib.nullcontext() if entropy_grad else torch.no_grad():
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
     return log_probs, torch.cat([zeros, entropy * valid], dim=1)
+
+
+def _packed_token_log_probs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_log_probs` of right-padded rows run as one packed row: each sequence's positions start
+    at 0 (transformers' attention masks then keep the sequences apart) and its boundaries go to the
+    Gated DeltaNet layers as `cu_seq_lens_q` (FLA's kernels on GPU; `hf_kernels` on CPU)."""
+    valid = attention_mask.bool()
+    lengths = valid.sum(dim=1)
+    if not torch.equal(valid, torch.arange(valid.shape[1], device=valid.device)[None, :] < lengths[:, None]):
+        raise ValueError("packed sequences need right-padded rows (every row's tokens first)")
+    tokens = input_ids[valid][None, :]  # [1, N], row after row
+    positions = (torch.cumsum(valid, dim=1) - 1)[valid][None, :]
+    bounds = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
+    longest = int(lengths.max())
+    logits = model(
+        input_ids=tokens,
+        position_ids=positions,
+        use_cache=False,
+        cu_seq_lens_q=bounds,
+        cu_seq_lens_k=bounds,
+        max_length_q=longest,
+        max_length_k=longest,
+    ).logits[0, :-1].float()  # logits[p] predicts tokens[p + 1]
+    first = torch.zeros(tokens.shape[1], dtype=torch.bool, device=tokens.device)
+    first[bounds[:-1].long()] = True  # a sequence's first token has no prediction in its sequence
+    predicted = ~first[1:]
+    flat = torch.log_softmax(logits, dim=-1).gather(-1, tokens[0, 1:, None]).squeeze(-1) * predicted
+    log_probs = torch.zeros(input_ids.shape, dtype=flat.dtype, device=flat.device)
+    log_probs = log_probs.masked_scatter(valid, torch.cat([flat.new_zeros(1), flat]))
+    if not with_entropy:
+        return log_probs, None
+    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) * predicted
+        out = torch.zeros(input_ids.shape, dtype=entropy.dtype, device=entropy.device)
+        return log_probs, out.masked_scatter(valid, torch.cat([entropy.new_zeros(1), entropy]))

@@ -2,8 +2,9 @@
 process group (gloo on CPU, nccl/hccl on accelerators; set up by the worker), a frozen reference
 model for the KL loss. Primitives only: batching, loss, LR schedule and metrics are `Actor`'s.
 
-Padding removal (`use_remove_padding`) needs varlen attention kernels that CPU lacks; micro-batches
-arrive cut to their longest row instead (`grpo_trainer.batching`).
+Micro-batches arrive cut to their longest row (`grpo_trainer.batching`); with
+`use_remove_padding` (actor, ref) each one runs as one packed row without padding
+(`hf_model.token_log_probs(packed=True)`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ class TorchBackend:
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=actor.lr, weight_decay=actor.weight_decay)
         self._dtype = actor.dtype
         self._ref_dtype = cfg.ref.dtype or actor.dtype
+        self._packed = actor.use_remove_padding
+        self._ref_packed = actor.use_remove_padding if cfg.ref.use_remove_padding is None else cfg.ref.use_remove_padding
+        if (self._packed or self._ref_packed) and getattr(self.module.config, "vision_config", None) is not None:
+            raise ValueError(
+                "use_remove_padding=true with a vision-language model: its multimodal positions are "
+                "not packed yet; set actor.use_remove_padding=false (and ref.use_remove_padding)"
+            )
         self._offloaded: tuple[bool, bool] | None = None
 
     def data_parallel_sum(self, values: torch.Tensor) -> torch.Tensor:
@@ -78,7 +86,14 @@ class TorchBackend:
 
     # -- forward ----------------------------------------------------------------------------------
     def _forward(
-        self, model: torch.nn.Module, micro: PolicyBatch, *, dtype: str, with_entropy: bool, entropy_grad: bool = False
+        self,
+        model: torch.nn.Module,
+        micro: PolicyBatch,
+        *,
+        dtype: str,
+        with_entropy: bool,
+        packed: bool,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         with autocast_context(self.device, dtype):
             return token_log_probs(
@@ -88,6 +103,7 @@ class TorchBackend:
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
                 vision={k: v.to(self.device) for k, v in join_rows(micro.vision).items()},
+                packed=packed,
             )
 
     @torch.no_grad()
@@ -100,7 +116,11 @@ class TorchBackend:
         try:
             for micro in micros:
                 log_probs, entropy = self._forward(
-                    module, micro, dtype=self._ref_dtype if ref else self._dtype, with_entropy=with_entropy
+                    module,
+                    micro,
+                    dtype=self._ref_dtype if ref else self._dtype,
+                    with_entropy=with_entropy,
+                    packed=self._ref_packed if ref else self._packed,
                 )
                 out = {"log_probs": log_probs.float().cpu()}
                 if entropy is not None:
@@ -124,6 +144,7 @@ class TorchBackend:
                     micro,
                     dtype=self._dtype,
                     with_entropy=True,
+                    packed=self._packed,
                     entropy_grad=loss_fn.entropy_requires_grad,
                 )
                 assert entropy is not None
