@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -147,7 +148,7 @@ def _conv_by_segment(conv: Callable[..., Any]) -> Callable[..., Any]:
         if bounds is None:
             return conv(hidden_states, *args, **kwargs)
         # [1, channels, tokens]: the convolution's window starts afresh in each sequence
-        parts = [conv(hidden_states[..., a:b], *args, **kwargs) for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
+        parts = [conv(hidden_states[..., a:b], *args, **kwargs) for a, b in itertools.pairwise(bounds)]
         return torch.cat(parts, dim=-1)
 
     setattr(call, _SEGMENTED, True)
@@ -168,7 +169,7 @@ def _rule_by_segment(rule: Callable[..., Any]) -> Callable[..., Any]:
         initial = kwargs.pop("initial_state", None)
         tokens = query.shape[1]
         outputs, states = [], []
-        for index, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=False)):
+        for index, (a, b) in enumerate(itertools.pairwise(bounds)):
             pieces = {
                 name: v[:, a:b] if isinstance(v, torch.Tensor) and v.dim() > 1 and v.shape[1] == tokens else v
                 for name, v in kwargs.items()
