@@ -10,8 +10,8 @@ was bound to another implementation.
 
 `segment_packed_sequences_on_cpu()` lets packed rows (`actor.use_remove_padding`: several sequences in
 one row, their boundaries in `cu_seqlens` / `cu_seq_lens_q`) through the PyTorch causal convolution
-and delta rules on the CPU, which otherwise would run across the boundaries: each sequence is run on
-its own and the outputs joined.
+and delta rules on the CPU, which otherwise would run across the boundaries: inside those two the
+sequences are stacked as right-padded rows (one batched call), everything else stays packed.
 
 `size_delta_rule_chunks_on_cpu()` then makes the PyTorch chunked delta rule's CPU calls that name no
 `chunk_size` use `chunk_size_for(sequence length)` instead of its fixed 64-token chunk: the
@@ -20,9 +20,10 @@ generation prefill (transformers' `generate` refuses a `chunk_size` argument), a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
-import itertools
+from collections.abc import Iterator
 from collections.abc import Callable
 from typing import Any
 
@@ -139,6 +140,28 @@ def _pop_boundaries(kwargs: dict[str, Any]) -> list[int] | None:
     return [int(x) for x in found[0].tolist()] if found else None
 
 
+class _Layout:
+    """Where each token of a packed row sits once its sequences are stacked as right-padded rows
+    [sequences, longest]: the CPU kernels then run one batched call instead of one per sequence."""
+
+    def __init__(self, bounds: list[int], device: torch.device) -> None:
+        starts = torch.tensor(bounds[:-1], device=device)
+        lengths = torch.tensor(bounds[1:], device=device) - starts
+        self.count, self.longest = len(lengths), int(lengths.max())
+        self.row = torch.repeat_interleave(torch.arange(self.count, device=device), lengths)
+        self.column = torch.arange(bounds[-1], device=device) - starts[self.row]
+
+    def to_rows(self, packed: torch.Tensor, dim: int) -> torch.Tensor:
+        """[1, ..., tokens (at dim), ...] -> [sequences, ..., longest, ...]; zeros after each sequence."""
+        moved = packed.movedim(dim, 0)[:, 0]  # [tokens, ...]
+        rows = moved.new_zeros((self.count, self.longest, *moved.shape[1:]))
+        rows[self.row, self.column] = moved
+        return rows.movedim(1, dim)
+
+    def to_packed(self, rows: torch.Tensor, dim: int) -> torch.Tensor:
+        return rows.movedim(dim, 1)[self.row, self.column].unsqueeze(0).movedim(1, dim)
+
+
 def _conv_by_segment(conv: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(conv)
     def call(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -147,9 +170,10 @@ def _conv_by_segment(conv: Callable[..., Any]) -> Callable[..., Any]:
         bounds = _pop_boundaries(kwargs)
         if bounds is None:
             return conv(hidden_states, *args, **kwargs)
-        # [1, channels, tokens]: the convolution's window starts afresh in each sequence
-        parts = [conv(hidden_states[..., a:b], *args, **kwargs) for a, b in itertools.pairwise(bounds)]
-        return torch.cat(parts, dim=-1)
+        # [1, channels, tokens]: each sequence in a row of its own, so the causal window starts
+        # afresh in each (the zeros after a sequence only reach positions that are dropped).
+        layout = _Layout(bounds, hidden_states.device)
+        return layout.to_packed(conv(layout.to_rows(hidden_states, 2), *args, **kwargs), 2)
 
     setattr(call, _SEGMENTED, True)
     setattr(call, _MARK, True)
@@ -164,22 +188,17 @@ def _rule_by_segment(rule: Callable[..., Any]) -> Callable[..., Any]:
         bounds = _pop_boundaries(kwargs)
         if bounds is None:
             return rule(query, key, value, **kwargs)
-        # [1, tokens, heads, dim] (g, beta: [1, tokens, heads]); the state starts from each
-        # sequence's own initial state (none: zeros) and each sequence's final state is returned.
-        initial = kwargs.pop("initial_state", None)
+        # [1, tokens, heads, dim] (g, beta: [1, tokens, heads]) -> one row per sequence. After a
+        # sequence's end key = 0, beta = 0 and g = 0 leave its state as it was (no decay, no
+        # write), so each row's final state is its sequence's; initial states are per sequence.
+        layout = _Layout(bounds, query.device)
         tokens = query.shape[1]
-        outputs, states = [], []
-        for index, (a, b) in enumerate(itertools.pairwise(bounds)):
-            pieces = {
-                name: v[:, a:b] if isinstance(v, torch.Tensor) and v.dim() > 1 and v.shape[1] == tokens else v
-                for name, v in kwargs.items()
-            }
-            state = initial[index : index + 1] if initial is not None else None
-            out, final = rule(query[:, a:b], key[:, a:b], value[:, a:b], initial_state=state, **pieces)
-            outputs.append(out)
-            states.append(final)
-        final_states = torch.cat(states, dim=0) if all(s is not None for s in states) else None
-        return torch.cat(outputs, dim=1), final_states
+        rows = {
+            name: layout.to_rows(v, 1) if isinstance(v, torch.Tensor) and v.dim() > 1 and v.shape[1] == tokens else v
+            for name, v in kwargs.items()
+        }
+        out, final = rule(layout.to_rows(query, 1), layout.to_rows(key, 1), layout.to_rows(value, 1), **rows)
+        return layout.to_packed(out, 1), final
 
     setattr(call, _SEGMENTED, True)
     setattr(call, _MARK, True)
@@ -188,8 +207,8 @@ def _rule_by_segment(rule: Callable[..., Any]) -> Callable[..., Any]:
 
 def segment_packed_sequences_on_cpu() -> list[str]:
     """Wrap the modules' causal convolution and delta rules so that CPU calls with packed rows
-    (`cu_seqlens` or `cu_seq_lens_q`) run each sequence on its own. Call last (after
-    `size_delta_rule_chunks_on_cpu`: each sequence then gets a chunk of its own size). Returns the
+    (`cu_seqlens` or `cu_seq_lens_q`) keep the sequences apart. Call last (after
+    `size_delta_rule_chunks_on_cpu`: the chunk is then sized to the longest sequence). Returns the
     names wrapped by this call; idempotent."""
     wrapped: list[str] = []
     for module_name in MODULES:
@@ -204,3 +223,41 @@ def segment_packed_sequences_on_cpu() -> list[str]:
             setattr(module, name, wrap(function))
             wrapped.append(f"{module_name}.{name}")
     return wrapped
+
+
+PACKED_ATTENTION = "grpo_packed_sdpa"
+
+
+def _packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """transformers' SDPA attention for one packed row ([1, heads, tokens, dim], boundaries in
+    `cu_seq_lens_q`): the sequences stacked as right-padded rows and attended causally in one batched
+    call, so no [tokens, tokens] mask is built and no sequence sees another."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = kwargs.pop("cu_seq_lens_q", None)
+    for name in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
+        kwargs.pop(name, None)
+    if bounds is None or query.shape[0] != 1:
+        raise ValueError(f"{PACKED_ATTENTION} is for one packed row with cu_seq_lens_q")
+    layout = _Layout([int(x) for x in bounds.tolist()], query.device)
+    rows = [layout.to_rows(t, 2) for t in (query, key, value)]
+    kwargs.pop("attention_mask", None)
+    out, weights = sdpa_attention_forward(module, *rows, None, *args[1:], **kwargs)  # args[0]: the mask
+    return layout.to_packed(out, 1), weights  # out: [sequences, longest, heads, dim]
+
+
+@contextlib.contextmanager
+def packed_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Within: the model's attention layers take one packed row (`_packed_sdpa`) and build no mask;
+    before and after: the model's own attention (generation and padded rows need its masks).
+    Only the forward runs inside: autograd keeps what it needs for the backward."""
+    from transformers import AttentionInterface
+
+    if PACKED_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(PACKED_ATTENTION, _packed_sdpa)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(PACKED_ATTENTION)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)

@@ -480,15 +480,33 @@ def test_the_reference_model_is_ref_model_path_in_ref_dtype(tiny_model_dir, tmp_
     assert (policy[row, 1:n] - expected).abs().max() > 1e-2
 
 
-def test_packed_rows_give_the_padded_log_probs_entropy_and_gradients(tiny_model_dir) -> None:
+def test_packed_rows_give_the_padded_log_probs_entropy_and_gradients(tiny_model_dir, monkeypatch) -> None:
     """actor.use_remove_padding (and the reference's, inherited): every micro-batch runs as one
-    padding-free row of sequences. Same log-probs, entropy and gradients as the padded rows;
-    without the sequence boundaries the Gated DeltaNet layers would run across them."""
+    padding-free row of sequences, the attention layers through `hf_kernels.packed_attention`.
+    Same log-probs, entropy and gradients as the padded rows; without the sequence boundaries the
+    Gated DeltaNet layers would run across them."""
+    from transformers import AttentionInterface
+
+    from grpo_trainer import hf_kernels
+
     padded = _actor(tiny_model_dir, ppo_micro_batch_size_per_device=8, kl_loss_coef=0.1)
     packed = _actor(tiny_model_dir, ppo_micro_batch_size_per_device=8, kl_loss_coef=0.1, use_remove_padding=True)
     assert packed.backend._packed and packed.backend._ref_packed and not padded.backend._packed
     batch = _batch(seed=3)
+    calls: list[tuple[int, ...]] = []
+    original = hf_kernels._packed_sdpa
+
+    def counting(module, query, *args, **kwargs):
+        calls.append(tuple(query.shape))
+        return original(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(hf_kernels, "_packed_sdpa", counting)
+    monkeypatch.setitem(AttentionInterface._global_mapping, hf_kernels.PACKED_ATTENTION, counting)
+    attention = packed.backend.module.config._attn_implementation
     out, out_packed = padded.log_probs(batch, with_entropy=True), packed.log_probs(batch, with_entropy=True)
+    # one call per full-attention layer on one row of every sequence's tokens; then the model's own again
+    assert calls and all(shape[0] == 1 and shape[2] == int(batch.attention_mask.sum()) for shape in calls)
+    assert packed.backend.module.config._attn_implementation == attention != hf_kernels.PACKED_ATTENTION
     torch.testing.assert_close(out_packed["log_probs"], out["log_probs"], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(out_packed["entropy"], out["entropy"], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(

@@ -115,8 +115,10 @@ def _packed_token_log_probs(
     entropy_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_log_probs` of right-padded rows run as one packed row: each sequence's positions start
-    at 0 (transformers' attention masks then keep the sequences apart) and its boundaries go to the
-    Gated DeltaNet layers as `cu_seq_lens_q` (FLA's kernels on GPU; `hf_kernels` on CPU)."""
+    at 0 and its boundaries go as `cu_seq_lens_q` to the attention (`hf_kernels.packed_attention`)
+    and to the Gated DeltaNet layers (FLA's kernels on GPU; `hf_kernels` on CPU)."""
+    from grpo_trainer.hf_kernels import packed_attention
+
     valid = attention_mask.bool()
     lengths = valid.sum(dim=1)
     if not torch.equal(valid, torch.arange(valid.shape[1], device=valid.device)[None, :] < lengths[:, None]):
@@ -125,15 +127,16 @@ def _packed_token_log_probs(
     positions = (torch.cumsum(valid, dim=1) - 1)[valid][None, :]
     bounds = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
     longest = int(lengths.max())
-    logits = model(
-        input_ids=tokens,
-        position_ids=positions,
-        use_cache=False,
-        cu_seq_lens_q=bounds,
-        cu_seq_lens_k=bounds,
-        max_length_q=longest,
-        max_length_k=longest,
-    ).logits[0, :-1].float()  # logits[p] predicts tokens[p + 1]
+    with packed_attention(getattr(model, "module", model)):
+        logits = model(
+            input_ids=tokens,
+            position_ids=positions,
+            use_cache=False,
+            cu_seq_lens_q=bounds,
+            cu_seq_lens_k=bounds,
+            max_length_q=longest,
+            max_length_k=longest,
+        ).logits[0, :-1].float()  # logits[p] predicts tokens[p + 1]
     first = torch.zeros(tokens.shape[1], dtype=torch.bool, device=tokens.device)
     first[bounds[:-1].long()] = True  # a sequence's first token has no prediction in its sequence
     predicted = ~first[1:]

@@ -271,7 +271,7 @@ def use_fused_torch_adam(optimizer: Any) -> int:
         if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
             continue
         for group in inner.param_groups:
-            if group.get("fused") or not all(p.is_cuda and p.is_floating_point() for p in group["params"]):
+            if group.get("fused") or not all(p.device.type == DeviceKind.CUDA and p.is_floating_point() for p in group["params"]):
                 continue
             group["fused"], group["foreach"] = True, False
             switched += 1

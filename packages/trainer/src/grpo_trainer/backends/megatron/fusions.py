@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
+from grpo_device import DeviceKind
+
 
 def cuda_compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """`fn` compiled (dynamic shapes) when its first tensor argument is on CUDA, eager otherwise.
@@ -31,7 +33,7 @@ def cuda_compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
     compiled: list[Callable[..., torch.Tensor]] = []
 
     def call(first: torch.Tensor, *args: Any) -> torch.Tensor:
-        if first.device.type != "cuda":
+        if first.device.type != DeviceKind.CUDA:
             return fn(first, *args)
         if not compiled:
             compiled.append(torch.compile(fn, dynamic=True))
