@@ -16,6 +16,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -40,6 +41,17 @@ def micro_batch(pairs: list[tuple[int, int]], vocab: int, gen: torch.Generator):
     prompts = [torch.randint(3, vocab, (p,), generator=gen).tolist() for p, _ in pairs]
     responses = [torch.randint(3, vocab, (r,), generator=gen).tolist() for _, r in pairs]
     return pad_rows(prompts, responses, pad_token_id=0)
+
+
+def log_probs(model, batch, packed: bool, outputs: dict) -> None:
+    with torch.no_grad():
+        outputs[packed] = token_log_probs(model, batch.input_ids, batch.attention_mask, with_entropy=False, packed=packed)[0]
+
+
+def forward_backward(model, batch, packed: bool) -> None:
+    model.zero_grad(set_to_none=True)
+    out, _ = token_log_probs(model, batch.input_ids, batch.attention_mask, with_entropy=False, packed=packed)
+    (out * batch.response_mask).sum().backward()
 
 
 def timed(fn, repeats: int) -> float:
@@ -77,20 +89,8 @@ def main() -> None:
             padded += batch.attention_mask.numel()
             outputs = {}
             for packed in (False, True):
-
-                def forward(packed: bool = packed) -> None:
-                    with torch.no_grad():
-                        outputs[packed] = token_log_probs(
-                            model, batch.input_ids, batch.attention_mask, with_entropy=False, packed=packed
-                        )[0]
-
-                def forward_backward(packed: bool = packed) -> None:
-                    model.zero_grad(set_to_none=True)
-                    out, _ = token_log_probs(model, batch.input_ids, batch.attention_mask, with_entropy=False, packed=packed)
-                    (out * batch.response_mask).sum().backward()
-
-                lp[packed] += timed(forward, args.repeats)
-                fb[packed] += timed(forward_backward, args.repeats)
+                lp[packed] += timed(partial(log_probs, model, batch, packed, outputs), args.repeats)
+                fb[packed] += timed(partial(forward_backward, model, batch, packed), args.repeats)
             worst = max(worst, float((outputs[True] - outputs[False]).abs().max()))
         n = args.micro_batches
         print(
