@@ -76,23 +76,35 @@ def _by_device(chosen: Callable[..., Any], reference: Callable[..., Any]) -> Cal
     return dispatch
 
 
-def use_torch_kernels_on_cpu() -> list[str]:
-    """Wrap the functions of the modules above that have a PyTorch reference (`__wrapped__`);
-    returns the names wrapped by this call."""
+def _wrap_in_modules(names: tuple[str, ...], mark: str, wrap: Callable[[str, Callable[..., Any]], Any]) -> list[str]:
+    """Replace each function `names` of the modules above that `mark` does not flag yet by
+    `wrap(name, function)` (None: leave it); returns the names replaced."""
     wrapped: list[str] = []
     for module_name in MODULES:
         try:
             module = importlib.import_module(module_name)
         except ImportError:
             continue
-        for name in FUNCTIONS:
+        for name in names:
             function = getattr(module, name, None)
-            reference = getattr(function, "__wrapped__", None)
-            if function is None or reference is None or getattr(function, _MARK, False):
+            if function is None or getattr(function, mark, False):
                 continue
-            setattr(module, name, _by_device(function, reference))
-            wrapped.append(f"{module_name}.{name}")
+            replacement = wrap(name, function)
+            if replacement is not None:
+                setattr(module, name, replacement)
+                wrapped.append(f"{module_name}.{name}")
     return wrapped
+
+
+def use_torch_kernels_on_cpu() -> list[str]:
+    """Wrap the functions of the modules above that have a PyTorch reference (`__wrapped__`);
+    returns the names wrapped by this call."""
+
+    def by_device(name: str, function: Callable[..., Any]) -> Callable[..., Any] | None:
+        reference = getattr(function, "__wrapped__", None)
+        return None if reference is None else _by_device(function, reference)
+
+    return _wrap_in_modules(FUNCTIONS, _MARK, by_device)
 
 
 def _sized_on_cpu(rule: Callable[..., Any]) -> Callable[..., Any]:
@@ -113,18 +125,7 @@ def size_delta_rule_chunks_on_cpu() -> list[str]:
     """Wrap the modules' chunked delta rule so that CPU calls without a `chunk_size` get
     `chunk_size_for(seq_len)`. Call after `use_torch_kernels_on_cpu` (this wrapper goes outside
     it). Returns the names wrapped by this call; idempotent."""
-    wrapped: list[str] = []
-    for module_name in MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        rule = getattr(module, CHUNKED_RULE, None)
-        if rule is None or getattr(rule, _SIZED, False):
-            continue
-        setattr(module, CHUNKED_RULE, _sized_on_cpu(rule))
-        wrapped.append(f"{module_name}.{CHUNKED_RULE}")
-    return wrapped
+    return _wrap_in_modules((CHUNKED_RULE,), _SIZED, lambda name, rule: _sized_on_cpu(rule))
 
 
 _SEGMENTED = "__grpo_segmented__"
@@ -209,19 +210,11 @@ def segment_packed_sequences_on_cpu() -> list[str]:
     (`cu_seqlens` or `cu_seq_lens_q`) keep the sequences apart. Call last (after
     `size_delta_rule_chunks_on_cpu`: the chunk is then sized to the longest sequence). Returns the
     names wrapped by this call; idempotent."""
-    wrapped: list[str] = []
-    for module_name in MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        for name, wrap in ((CONV, _conv_by_segment), (CHUNKED_RULE, _rule_by_segment), (RECURRENT_RULE, _rule_by_segment)):
-            function = getattr(module, name, None)
-            if function is None or getattr(function, _SEGMENTED, False):
-                continue
-            setattr(module, name, wrap(function))
-            wrapped.append(f"{module_name}.{name}")
-    return wrapped
+    return _wrap_in_modules(
+        (CONV, CHUNKED_RULE, RECURRENT_RULE),
+        _SEGMENTED,
+        lambda name, function: (_conv_by_segment if name == CONV else _rule_by_segment)(function),
+    )
 
 
 PACKED_ATTENTION = "grpo_packed_sdpa"
