@@ -33,8 +33,11 @@ class Actor:
         self.schedule = LRSchedule(lr=cfg.actor.lr, warmup_steps=cfg.actor.lr_warmup_steps)
         self.shape = MicroBatchShape.for_config(cfg)
 
-    def _micro_batches(self, batch: PolicyBatch, *, size: int, max_tokens: int | None) -> list[MicroBatch]:
-        """Micro-batches of `size` rows, or under a budget of `max_tokens` tokens when given.
+    def _micro_batches(
+        self, batch: PolicyBatch, *, size: int, max_tokens: int | None, packed: bool
+    ) -> list[MicroBatch]:
+        """Micro-batches of `size` rows, or under a budget of `max_tokens` tokens when given
+        (`packed`: the rows' own tokens count, as the backend runs them without padding).
         Collective with a token budget over several data-parallel ranks: they agree on one
         micro-batch count, the largest any of them plans."""
         count = None
@@ -42,10 +45,12 @@ class Actor:
         if max_tokens is not None and backend.dp_size > 1:
             counts = torch.zeros(backend.dp_size, dtype=torch.float64)
             counts[backend.dp_rank] = len(
-                plan_micro_batches(row_lengths(batch), micro_batch_size=size, max_tokens=max_tokens)
+                plan_micro_batches(row_lengths(batch), micro_batch_size=size, max_tokens=max_tokens, packed=packed)
             )
             count = int(backend.data_parallel_sum(counts).max().item())
-        return micro_batches(batch, micro_batch_size=size, max_tokens=max_tokens, shape=self.shape, count=count)
+        return micro_batches(
+            batch, micro_batch_size=size, max_tokens=max_tokens, shape=self.shape, count=count, packed=packed
+        )
 
     def _log_prob_setting(self, name: str, *, ref: bool) -> Any:
         """`ref.<name>` for the reference model when set (grpo_config.load fills it from the
@@ -64,7 +69,8 @@ class Actor:
         size = self._log_prob_setting("log_prob_micro_batch_size_per_device", ref=ref)
         dynamic = self._log_prob_setting("log_prob_use_dynamic_bsz", ref=ref)
         max_tokens = self._log_prob_setting("log_prob_max_token_len_per_device", ref=ref) if dynamic else None
-        micros = self._micro_batches(batch, size=size, max_tokens=max_tokens)
+        packed = self._log_prob_setting("use_remove_padding", ref=ref)
+        micros = self._micro_batches(batch, size=size, max_tokens=max_tokens, packed=packed)
         outputs = self.backend.log_probs([m.batch for m in micros], ref=ref, with_entropy=with_entropy)
         rows, width = batch.input_ids.shape
         keys = ["log_probs", *(["entropy"] if with_entropy else [])]
@@ -103,7 +109,9 @@ class Actor:
         max_tokens = actor.ppo_max_token_len_per_device if actor.use_dynamic_bsz else None
         micros = [
             m.batch
-            for m in self._micro_batches(mini, size=actor.ppo_micro_batch_size_per_device, max_tokens=max_tokens)
+            for m in self._micro_batches(
+                mini, size=actor.ppo_micro_batch_size_per_device, max_tokens=max_tokens, packed=actor.use_remove_padding
+            )
         ]
         backend = self.backend
         scale = LossScale.of(

@@ -117,16 +117,28 @@ def row_lengths(batch: PolicyBatch) -> list[int]:
     return [int(n) for n in batch.attention_mask.sum(dim=-1).tolist()]
 
 
+def _tokens(lengths: Sequence[int], *, packed: bool) -> int:
+    """What a micro-batch of rows of `lengths` computes: rows x the longest row, padded; the
+    rows' own tokens, packed (`use_remove_padding`, one padding-free row)."""
+    return sum(lengths) if packed else len(lengths) * max(lengths, default=0)
+
+
 def plan_micro_batches(
-    lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | None, count: int | None = None
+    lengths: Sequence[int],
+    *,
+    micro_batch_size: int,
+    max_tokens: int | None,
+    count: int | None = None,
+    packed: bool = False,
 ) -> list[list[int]]:
     """Row indices of each micro-batch: consecutive chunks of `micro_batch_size` rows, or with
-    `max_tokens`, rows (longest first, so that similar lengths share a micro-batch) packed while
-    rows x longest row <= max_tokens; a row longer than the budget gets a micro-batch of its own.
+    `max_tokens`, rows (longest first, so that similar lengths share a micro-batch) taken while
+    the micro-batch's tokens (`_tokens`: padded or `packed`) stay <= max_tokens; a row longer than
+    the budget gets a micro-batch of its own.
     With `count`, the token-budget plan is split further (the costliest micro-batch in two, until
     there are `count`): every data-parallel rank must run the same number of micro-batches, since
     the model's collectives (MoE all-to-all, pipeline sends) pair them up. Deterministic."""
-    groups = _plan(lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+    groups = _plan(lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens, packed=packed)
     if count is None or count == len(groups):
         return groups
     if count < len(groups) or count > len(lengths):
@@ -134,14 +146,14 @@ def plan_micro_batches(
     while len(groups) < count:
         at = max(
             (k for k, group in enumerate(groups) if len(group) > 1),
-            key=lambda k: (len(groups[k]) * max(lengths[i] for i in groups[k]), -k),
+            key=lambda k: (_tokens([lengths[i] for i in groups[k]], packed=packed), -k),
         )
         half = len(groups[at]) // 2
         groups[at : at + 1] = [groups[at][:half], groups[at][half:]]
     return groups
 
 
-def _plan(lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | None) -> list[list[int]]:
+def _plan(lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | None, packed: bool) -> list[list[int]]:
     if max_tokens is None:
         if micro_batch_size < 1:
             raise ValueError(f"micro-batch size must be >= 1, got {micro_batch_size}")
@@ -153,14 +165,11 @@ def _plan(lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | No
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     groups: list[list[int]] = []
     current: list[int] = []
-    longest = 0
     for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        width = max(longest, lengths[index])
-        if current and width * (len(current) + 1) > max_tokens:
+        if current and _tokens([lengths[i] for i in (*current, index)], packed=packed) > max_tokens:
             groups.append(current)
-            current, width = [], lengths[index]
+            current = []
         current.append(index)
-        longest = width
     if current:
         groups.append(current)
     return groups
@@ -196,10 +205,13 @@ def micro_batches(
     max_tokens: int | None,
     shape: MicroBatchShape = MicroBatchShape(),
     count: int | None = None,
+    packed: bool = False,
 ) -> list[MicroBatch]:
     """`batch` cut into micro-batches (see `plan_micro_batches` and `MicroBatchShape`)."""
     lengths = row_lengths(batch)
-    groups = plan_micro_batches(lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens, count=count)
+    groups = plan_micro_batches(
+        lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens, count=count, packed=packed
+    )
     batch_width = max(max(lengths, default=1), 1)
     out = []
     for group in groups:

@@ -77,6 +77,20 @@ def test_token_budget_plan_respects_the_padded_budget() -> None:
         plan_micro_batches([1], micro_batch_size=0, max_tokens=None)
 
 
+def test_a_packed_token_budget_counts_the_rows_own_tokens() -> None:
+    """use_remove_padding: a micro-batch runs as one padding-free row, so the budget (as verl's
+    with remove-padding) holds the sum of the lengths, not rows x the longest."""
+    lengths = [8, 3, 1, 6]
+    padded = plan_micro_batches(lengths, micro_batch_size=1, max_tokens=12)
+    packed = plan_micro_batches(lengths, micro_batch_size=1, max_tokens=12, packed=True)
+    # longest first: 8 alone (8 + 6 > 12 either way); then 6 and 3 (2 x 6 padded, 9 packed), and
+    # the 1 joins them only packed (3 x 6 = 18 padded, 10 packed)
+    assert padded == [[0], [3, 1], [2]]
+    assert packed == [[0], [3, 1, 2]]
+    # splitting to an agreed count cuts the micro-batch with the most tokens (10 > 8)
+    assert plan_micro_batches(lengths, micro_batch_size=1, max_tokens=12, packed=True, count=3) == [[0], [3], [1, 2]]
+
+
 def test_a_token_budget_plan_splits_further_to_an_agreed_count() -> None:
     """Ranks with different rows agree on the largest count; the costliest micro-batch splits."""
     lengths = [3, 3, 3, 3, 2, 2]  # fits one budget of 18

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import grpo_config
 from grpo_trainer.actor import Actor
 from grpo_trainer.backends.torch_backend import TorchBackend
-from grpo_trainer.batching import micro_batches, pad_rows, take_rows
+from grpo_trainer.batching import micro_batches, pad_rows, plan_micro_batches, take_rows
 from grpo_trainer.protocols import PolicyBatch
 
 CPU = torch.device("cpu")
@@ -376,7 +376,7 @@ def _dynamic_rank(rank: int, model_dir: str, port: int, out: str) -> None:
         actor = _actor(Path(model_dir), use_dynamic_bsz=True, ppo_max_token_len_per_device=16)
         rows = _batch(seed=rank, rows=4)  # other rows, other lengths on each rank
         alone = len(micro_batches(rows, micro_batch_size=1, max_tokens=16))
-        agreed = len(actor._micro_batches(rows, size=1, max_tokens=16))
+        agreed = len(actor._micro_batches(rows, size=1, max_tokens=16, packed=False))
         metrics = actor.update_mini_batch(_prepare(actor, rows))
         torch.save({"alone": alone, "agreed": agreed, "loss": metrics["loss"]}, f"{out}.{rank}")
     finally:
@@ -536,3 +536,22 @@ def test_packed_rows_must_be_right_padded(tiny_model_dir) -> None:
     ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
     with pytest.raises(ValueError, match="right-padded"):
         token_log_probs(actor.backend.module, ids, torch.tensor([[0, 1, 1], [1, 1, 1]]), with_entropy=False, packed=True)
+
+
+def test_packed_rows_fill_a_token_budget_with_their_own_tokens(tiny_model_dir) -> None:
+    """With use_remove_padding a token budget (log_prob_use_dynamic_bsz / use_dynamic_bsz) holds
+    the rows' own tokens, as verl's remove-padding budget: fewer, fuller micro-batches."""
+    settings = {"log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_device": 24,
+                "use_dynamic_bsz": True, "ppo_max_token_len_per_device": 24, "ppo_mini_batch_size": 1}
+    padded, packed = _actor(tiny_model_dir, **settings), _actor(tiny_model_dir, use_remove_padding=True, **settings)
+    batch = _batch(seed=5)
+    counts = {name: (_count_micro_batches(actor), _count_update_micro_batches(actor)) for name, actor in
+              (("padded", padded), ("packed", packed))}
+    out = padded.log_probs(batch)["log_probs"]
+    torch.testing.assert_close(packed.log_probs(batch)["log_probs"], out, atol=1e-5, rtol=1e-4)
+    padded.update_mini_batch(_prepare(padded, batch))
+    packed.update_mini_batch(_prepare(packed, _batch(seed=5)))
+    lengths = batch.attention_mask.sum(1).tolist()
+    assert counts["packed"][0][0] == len(plan_micro_batches(lengths, micro_batch_size=8, max_tokens=24, packed=True))
+    assert counts["packed"][0][0] < counts["padded"][0][0]
+    assert counts["packed"][1][0] < counts["padded"][1][0]
