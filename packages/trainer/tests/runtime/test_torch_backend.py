@@ -555,3 +555,11 @@ def test_packed_rows_fill_a_token_budget_with_their_own_tokens(tiny_model_dir) -
     assert counts["packed"][0][0] == len(plan_micro_batches(lengths, micro_batch_size=8, max_tokens=24, packed=True))
     assert counts["packed"][0][0] < counts["padded"][0][0]
     assert counts["packed"][1][0] < counts["padded"][1][0]
+
+
+def test_packed_rows_with_gated_deltanet_are_refused_off_the_cpu(tiny_model_dir) -> None:
+    """Only the CPU path of packed Gated DeltaNet layers is verified; elsewhere the backend stops at
+    start. The "meta" device stands in for a GPU here (none on this machine)."""
+    cfg = _cfg(tiny_model_dir, use_remove_padding=True)
+    with pytest.raises(ValueError, match="Gated DeltaNet layers on meta: how the device's kernels"):
+        TorchBackend(cfg, device=torch.device("meta"))

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from grpo_config.schema import TrainerConfig
+from grpo_device import DeviceKind
 from grpo_trainer.backends.hf_model import autocast_context, load_causal_lm, token_log_probs
 from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
 from grpo_trainer.vision import join_rows
@@ -75,6 +76,13 @@ class TorchBackend:
             raise ValueError(
                 "use_remove_padding=true with a vision-language model: its multimodal positions are "
                 "not packed yet; set actor.use_remove_padding=false (and ref.use_remove_padding)"
+            )
+        layer_types = getattr(getattr(self.module.config, "get_text_config", lambda: self.module.config)(), "layer_types", None)
+        if (self._packed or self._ref_packed) and device.type != DeviceKind.CPU and "linear_attention" in (layer_types or ()):
+            raise ValueError(
+                f"use_remove_padding=true with Gated DeltaNet layers on {device.type}: how the device's "
+                "kernels (FLA, causal-conv1d) take the sequence boundaries is not verified yet (only the "
+                "CPU path is tested); set actor.use_remove_padding=false (and ref.use_remove_padding)"
             )
         self._offloaded: tuple[bool, bool] | None = None
 
