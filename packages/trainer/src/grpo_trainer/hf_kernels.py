@@ -20,10 +20,9 @@ generation prefill (transformers' `generate` refuses a `chunk_size` argument), a
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -217,39 +216,45 @@ def segment_packed_sequences_on_cpu() -> list[str]:
     )
 
 
-PACKED_ATTENTION = "grpo_packed_sdpa"
+_PACKED_SDPA = "__grpo_packed_sdpa__"
 
 
-def _packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """transformers' SDPA attention for one packed row ([1, heads, tokens, dim], boundaries in
-    `cu_seq_lens_q`): the sequences stacked as right-padded rows and attended causally in one batched
-    call, so no [tokens, tokens] mask is built and no sequence sees another."""
+def _packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, **kwargs: Any) -> Any:
+    """SDPA attention for one packed row ([1, heads, tokens, dim], boundaries `bounds`): the
+    sequences stacked as right-padded rows and attended causally in one batched call, so no
+    [tokens, tokens] mask is built and no sequence sees another."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    bounds = kwargs.pop("cu_seq_lens_q", None)
-    for name in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
-        kwargs.pop(name, None)
-    if bounds is None or query.shape[0] != 1:
-        raise ValueError(f"{PACKED_ATTENTION} is for one packed row with cu_seq_lens_q")
     layout = _Layout([int(x) for x in bounds.tolist()], query.device)
     rows = [layout.to_rows(t, 2) for t in (query, key, value)]
-    kwargs.pop("attention_mask", None)
-    out, weights = sdpa_attention_forward(module, *rows, None, *args[1:], **kwargs)  # args[0]: the mask
+    out, weights = sdpa_attention_forward(module, *rows, None, **kwargs)
     return layout.to_packed(out, 1), weights  # out: [sequences, longest, heads, dim]
 
 
-@contextlib.contextmanager
-def packed_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Within: the model's attention layers take one packed row (`_packed_sdpa`) and build no mask;
-    before and after: the model's own attention (generation and padded rows need its masks).
-    Only the forward runs inside: autograd keeps what it needs for the backward."""
+def use_packed_sdpa() -> bool:
+    """transformers' "sdpa" attention, extended: a call that carries sequence boundaries
+    (`cu_seq_lens_q`, one packed row, no mask) runs `_packed_sdpa`; every other call is the stock
+    function. transformers' own SDPA ignores the boundaries and would attend across sequences.
+    Decided per call (not by switching the model's attention), so a recompute under activation
+    checkpointing takes the same path. Returns False when installed already."""
     from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if PACKED_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(PACKED_ATTENTION, _packed_sdpa)
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(PACKED_ATTENTION)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
+    current = AttentionInterface._global_mapping["sdpa"]
+    if getattr(current, _PACKED_SDPA, False):
+        return False
+
+    @functools.wraps(sdpa_attention_forward)
+    def sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        bounds = kwargs.get("cu_seq_lens_q")
+        if bounds is None or attention_mask is not None or query.shape[0] != 1:
+            return current(module, query, key, value, attention_mask, *args, **kwargs)
+        for name in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
+            kwargs.pop(name, None)
+        if args:
+            raise TypeError(f"packed SDPA takes its options by keyword, got {len(args)} positional")
+        return _packed_sdpa(module, query, key, value, bounds, **kwargs)
+
+    setattr(sdpa, _PACKED_SDPA, True)
+    AttentionInterface.register("sdpa", sdpa)
+    return True

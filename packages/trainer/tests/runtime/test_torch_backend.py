@@ -482,15 +482,18 @@ def test_the_reference_model_is_ref_model_path_in_ref_dtype(tiny_model_dir, tmp_
 
 def test_packed_rows_give_the_padded_log_probs_entropy_and_gradients(tiny_model_dir, monkeypatch) -> None:
     """actor.use_remove_padding (and the reference's, inherited): every micro-batch runs as one
-    padding-free row of sequences, the attention layers through `hf_kernels.packed_attention`.
-    Same log-probs, entropy and gradients as the padded rows; without the sequence boundaries the
-    Gated DeltaNet layers would run across them."""
-    from transformers import AttentionInterface
-
+    padding-free row of sequences, the attention layers through `hf_kernels.use_packed_sdpa`.
+    Same log-probs, entropy and gradients as the padded rows, with activation checkpointing too
+    (its recompute takes the packed path again); without the sequence boundaries the Gated
+    DeltaNet layers would run across them."""
     from grpo_trainer import hf_kernels
 
     padded = _actor(tiny_model_dir, ppo_micro_batch_size_per_device=8, kl_loss_coef=0.1)
     packed = _actor(tiny_model_dir, ppo_micro_batch_size_per_device=8, kl_loss_coef=0.1, use_remove_padding=True)
+    checkpointed = _actor(
+        tiny_model_dir, ppo_micro_batch_size_per_device=8, kl_loss_coef=0.1, use_remove_padding=True,
+        gradient_checkpointing=True,
+    )
     assert packed.backend._packed and packed.backend._ref_packed and not padded.backend._packed
     batch = _batch(seed=3)
     calls: list[tuple[int, ...]] = []
@@ -501,22 +504,25 @@ def test_packed_rows_give_the_padded_log_probs_entropy_and_gradients(tiny_model_
         return original(module, query, *args, **kwargs)
 
     monkeypatch.setattr(hf_kernels, "_packed_sdpa", counting)
-    monkeypatch.setitem(AttentionInterface._global_mapping, hf_kernels.PACKED_ATTENTION, counting)
-    attention = packed.backend.module.config._attn_implementation
     out, out_packed = padded.log_probs(batch, with_entropy=True), packed.log_probs(batch, with_entropy=True)
-    # one call per full-attention layer on one row of every sequence's tokens; then the model's own again
+    # one call per full-attention layer, on one row of every sequence's tokens
     assert calls and all(shape[0] == 1 and shape[2] == int(batch.attention_mask.sum()) for shape in calls)
-    assert packed.backend.module.config._attn_implementation == attention != hf_kernels.PACKED_ATTENTION
+    assert packed.backend.module.config._attn_implementation == "sdpa"
     torch.testing.assert_close(out_packed["log_probs"], out["log_probs"], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(out_packed["entropy"], out["entropy"], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(
         packed.log_probs(batch, ref=True)["log_probs"], padded.log_probs(batch, ref=True)["log_probs"], atol=1e-5, rtol=1e-4
     )
-    grads, grads_packed = _capture_grads(padded), _capture_grads(packed)
+    grads, grads_packed, grads_checkpointed = _capture_grads(padded), _capture_grads(packed), _capture_grads(checkpointed)
     metrics = padded.update_mini_batch(_prepare(padded, batch))
     metrics_packed = packed.update_mini_batch(_prepare(packed, _batch(seed=3)))
+    calls.clear()
+    checkpointed.update_mini_batch(_prepare(checkpointed, _batch(seed=3)))
+    forward_calls = len(calls)
     _assert_close(grads, grads_packed, atol=1e-6)
+    _assert_close(grads, grads_checkpointed, atol=1e-6)
     assert metrics_packed["pg_loss"] == pytest.approx(metrics["pg_loss"], abs=1e-6)
+    assert forward_calls > 0
 
     # The boundaries matter: one packed row without them is another computation.
     valid = batch.attention_mask.bool()
@@ -529,13 +535,20 @@ def test_packed_rows_give_the_padded_log_probs_entropy_and_gradients(tiny_model_
     assert (flat[second_row] - out["log_probs"][1, 1 : int(valid[1].sum())]).abs().max() > 1e-3
 
 
-def test_packed_rows_must_be_right_padded(tiny_model_dir) -> None:
+def test_packed_rows_must_be_right_padded_and_empty_rows_read_zero(tiny_model_dir) -> None:
     from grpo_trainer.backends.hf_model import token_log_probs
 
     actor = _actor(tiny_model_dir)
     ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
     with pytest.raises(ValueError, match="right-padded"):
         token_log_probs(actor.backend.module, ids, torch.tensor([[0, 1, 1], [1, 1, 1]]), with_entropy=False, packed=True)
+    mask = torch.tensor([[1, 1, 1], [0, 0, 0], [1, 1, 0]])
+    with torch.no_grad():
+        packed, entropy = token_log_probs(actor.backend.module, ids[[1, 0, 1]], mask, with_entropy=True, packed=True)
+        padded, _ = token_log_probs(actor.backend.module, ids[[1, 0, 1]], mask, with_entropy=True)
+        nothing, _ = token_log_probs(actor.backend.module, ids[:1], torch.zeros(1, 3, dtype=torch.long), with_entropy=False, packed=True)
+    assert not packed[1].any() and not entropy[1].any() and not nothing.any()
+    torch.testing.assert_close(packed[[0, 2]], padded[[0, 2]] * mask[[0, 2]], atol=1e-5, rtol=1e-4)
 
 
 def test_packed_rows_fill_a_token_budget_with_their_own_tokens(tiny_model_dir) -> None:

@@ -26,12 +26,14 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     from grpo_trainer.hf_kernels import (
         segment_packed_sequences_on_cpu,
         size_delta_rule_chunks_on_cpu,
+        use_packed_sdpa,
         use_torch_kernels_on_cpu,
     )
 
     use_torch_kernels_on_cpu()
     size_delta_rule_chunks_on_cpu()  # the generation prefill too
     segment_packed_sequences_on_cpu()  # actor.use_remove_padding
+    use_packed_sdpa()  # likewise
     if not path:
         raise ValueError("actor.model_path is empty: set it to a Hugging Face model directory or hub id")
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -106,6 +108,9 @@ def token_log_probs(
     return log_probs, torch.cat([zeros, entropy * valid], dim=1)
 
 
+PACKED_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3")
+
+
 def _packed_token_log_probs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -115,37 +120,48 @@ def _packed_token_log_probs(
     entropy_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_log_probs` of right-padded rows run as one packed row: each sequence's positions start
-    at 0 and its boundaries go as `cu_seq_lens_q` to the attention (`hf_kernels.packed_attention`)
-    and to the Gated DeltaNet layers (FLA's kernels on GPU; `hf_kernels` on CPU)."""
-    from grpo_trainer.hf_kernels import packed_attention
-
+    at 0, no attention mask is built, and the boundaries go as `cu_seq_lens_q` to the attention
+    layers (SDPA: `hf_kernels.use_packed_sdpa`; flash-attention takes them itself) and to the Gated
+    DeltaNet layers (`hf_kernels` on CPU). Empty rows read 0."""
+    config = getattr(model, "module", model).config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if config._attn_implementation not in PACKED_ATTENTION:
+        raise ValueError(
+            f"packed rows need attention that takes sequence boundaries ({', '.join(PACKED_ATTENTION)}), "
+            f"the model runs {config._attn_implementation!r}; set actor.use_remove_padding=false"
+        )
+    if getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None):
+        raise ValueError("packed rows with sliding-window attention are not supported; set actor.use_remove_padding=false")
     valid = attention_mask.bool()
     lengths = valid.sum(dim=1)
     if not torch.equal(valid, torch.arange(valid.shape[1], device=valid.device)[None, :] < lengths[:, None]):
         raise ValueError("packed sequences need right-padded rows (every row's tokens first)")
-    tokens = input_ids[valid][None, :]  # [1, N], row after row
+    zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    if not valid.any():
+        return zeros, zeros.clone() if with_entropy else None
+    tokens = input_ids[valid][None, :]  # [1, N], row after row (empty rows hold none)
     positions = (torch.cumsum(valid, dim=1) - 1)[valid][None, :]
-    bounds = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
-    longest = int(lengths.max())
-    with packed_attention(getattr(model, "module", model)):
-        logits = model(
-            input_ids=tokens,
-            position_ids=positions,
-            use_cache=False,
-            cu_seq_lens_q=bounds,
-            cu_seq_lens_k=bounds,
-            max_length_q=longest,
-            max_length_k=longest,
-        ).logits[0, :-1].float()  # logits[p] predicts tokens[p + 1]
+    sizes = lengths[lengths > 0]
+    bounds = torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)]).to(torch.int32)
+    longest = int(sizes.max())
+    no_masks = {kind: None for kind in (getattr(text, "layer_types", None) or ("full_attention",))}
+    logits = model(
+        input_ids=tokens,
+        position_ids=positions,
+        attention_mask=no_masks,
+        use_cache=False,
+        cu_seq_lens_q=bounds,
+        cu_seq_lens_k=bounds,
+        max_length_q=longest,
+        max_length_k=longest,
+    ).logits[0, :-1].float()  # logits[p] predicts tokens[p + 1]
     first = torch.zeros(tokens.shape[1], dtype=torch.bool, device=tokens.device)
     first[bounds[:-1].long()] = True  # a sequence's first token has no prediction in its sequence
     predicted = ~first[1:]
     flat = torch.log_softmax(logits, dim=-1).gather(-1, tokens[0, 1:, None]).squeeze(-1) * predicted
-    log_probs = torch.zeros(input_ids.shape, dtype=flat.dtype, device=flat.device)
-    log_probs = log_probs.masked_scatter(valid, torch.cat([flat.new_zeros(1), flat]))
+    log_probs = zeros.to(flat.dtype).masked_scatter(valid, torch.cat([flat.new_zeros(1), flat]))
     if not with_entropy:
         return log_probs, None
     with contextlib.nullcontext() if entropy_grad else torch.no_grad():
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) * predicted
-        out = torch.zeros(input_ids.shape, dtype=entropy.dtype, device=entropy.device)
-        return log_probs, out.masked_scatter(valid, torch.cat([entropy.new_zeros(1), entropy]))
+        return log_probs, zeros.to(entropy.dtype).masked_scatter(valid, torch.cat([entropy.new_zeros(1), entropy]))

@@ -72,18 +72,9 @@ class TorchBackend:
         self._ref_dtype = cfg.ref.dtype or actor.dtype
         self._packed = actor.use_remove_padding
         self._ref_packed = actor.use_remove_padding if cfg.ref.use_remove_padding is None else cfg.ref.use_remove_padding
-        if (self._packed or self._ref_packed) and getattr(self.module.config, "vision_config", None) is not None:
-            raise ValueError(
-                "use_remove_padding=true with a vision-language model: its multimodal positions are "
-                "not packed yet; set actor.use_remove_padding=false (and ref.use_remove_padding)"
-            )
-        layer_types = getattr(getattr(self.module.config, "get_text_config", lambda: self.module.config)(), "layer_types", None)
-        if (self._packed or self._ref_packed) and device.type != DeviceKind.CPU and "linear_attention" in (layer_types or ()):
-            raise ValueError(
-                f"use_remove_padding=true with Gated DeltaNet layers on {device.type}: how the device's "
-                "kernels (FLA, causal-conv1d) take the sequence boundaries is not verified yet (only the "
-                "CPU path is tested); set actor.use_remove_padding=false (and ref.use_remove_padding)"
-            )
+        for module, packed in ((self.module, self._packed), (self.ref_module, self._ref_packed)):
+            if packed and module is not None:
+                _check_packable(module, device)
         self._offloaded: tuple[bool, bool] | None = None
 
     def data_parallel_sum(self, values: torch.Tensor) -> torch.Tensor:
@@ -217,6 +208,23 @@ class TorchBackend:
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key != "step":
                     state[key] = value.to(device)
+
+
+def _check_packable(module: torch.nn.Module, device: torch.device) -> None:
+    """Refuse, at start, packed rows (`use_remove_padding`) for a model they are not verified on."""
+    config = module.config
+    if getattr(config, "vision_config", None) is not None:
+        raise ValueError(
+            "use_remove_padding=true with a vision-language model: its multimodal positions are "
+            "not packed yet; set actor.use_remove_padding=false (and ref.use_remove_padding)"
+        )
+    layer_types = getattr(config.get_text_config(), "layer_types", None) or ()
+    if device.type != DeviceKind.CPU and "linear_attention" in layer_types:
+        raise ValueError(
+            f"use_remove_padding=true with Gated DeltaNet layers on {device.type}: how the device's "
+            "kernels (FLA, causal-conv1d) take the sequence boundaries is not verified yet (only the "
+            "CPU path is tested); set actor.use_remove_padding=false (and ref.use_remove_padding)"
+        )
 
 
 def _vision_tower(module: torch.nn.Module, path: str) -> torch.nn.Module:

@@ -28,6 +28,7 @@ from grpo_trainer.backends.megatron.build import (
     build_optimizer,
     build_policy,
     megatron_device,
+    use_fused_torch_adam,
     wire_model_config,
 )
 from grpo_trainer.backends.megatron.imports import import_megatron_stack
@@ -264,6 +265,8 @@ class MegatronBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_policy_state(self.model, self.optimizer, state)
+        # The loaded parameter groups carry the settings they were saved with (fused or not).
+        use_fused_torch_adam(self.optimizer)
 
     def offload(self, *, weights: bool, grads: bool, optimizer: bool) -> None:
         if self._offloaded is None:
