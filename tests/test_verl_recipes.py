@@ -44,8 +44,8 @@ REASONS = {
     "trainer.logger": "'wandb', which grpo does not ship",
     "actor_rollout_ref.actor.use_torch_compile": "does not torch.compile",
     "data.filter_overlong_prompts_workers": "no worker pool to size",
-    "actor_rollout_ref.actor.megatron.use_remove_padding": "packed (padding-free) sequences are not implemented",
-    "actor_rollout_ref.model.use_remove_padding": "packed (padding-free) sequences are not implemented",
+    "actor_rollout_ref.actor.megatron.use_remove_padding": "cannot be honoured on the Megatron backend yet",
+    "actor_rollout_ref.model.use_remove_padding": "cannot be honoured on the Megatron backend yet",
 }
 
 
