@@ -263,3 +263,27 @@ def test_one_rank_with_every_expert_skips_the_identity_chunk_sort(monkeypatch) -
     shared.dispatch_postprocess(tokens, probs)
     shared.combine_preprocess(tokens)
     assert called == ["d", "c"]
+
+
+def test_each_input_rank_and_autograd_need_gets_a_compiled_copy_with_its_own_code(monkeypatch) -> None:
+    """Dynamo caches compiled variants per code object, up to its recompile limit; the wrapper
+    gives each (rank, autograd) kind its own copy. torch.compile is recorded, not run (CPU)."""
+    from grpo_trainer.backends.megatron import fusions
+
+    compiled: list = []
+
+    def record(fn, **kwargs):
+        compiled.append(fn)
+        return fn
+
+    monkeypatch.setattr(fusions.torch, "compile", record)
+    norm = fusions.cuda_compiled(fusions._rms_norm, device_type="cpu")
+    weight = torch.ones(8, requires_grad=True)
+    for shape in ((5, 2, 8), (5, 2, 4, 8), (3, 1, 8)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(norm(x, weight, 1e-6, False), fusions._rms_norm(x, weight, 1e-6, False))
+        with torch.no_grad():
+            norm(x, weight, 1e-6, False)
+    assert len(compiled) == 4  # (3-D, 4-D) x (grad, no grad); the second 3-D shape reuses its copy
+    codes = {id(f.__code__) for f in compiled}  # distinct objects (code objects compare equal by value)
+    assert len(codes) == 4 and id(fusions._rms_norm.__code__) not in codes

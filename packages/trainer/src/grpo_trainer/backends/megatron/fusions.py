@@ -17,6 +17,7 @@ Imports megatron: only imported by the Megatron backend.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -27,17 +28,30 @@ from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispa
 from grpo_device import DeviceKind
 
 
-def cuda_compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """`fn` compiled (dynamic shapes) when its first tensor argument is on CUDA, eager otherwise.
-    Compilation is lazy: importing this module compiles nothing."""
-    compiled: list[Callable[..., torch.Tensor]] = []
+def _own_code(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`fn` with a code object of its own: dynamo keeps its compiled variants, and counts them
+    against its recompile limit (8), per code object."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def cuda_compiled(
+    fn: Callable[..., torch.Tensor], *, device_type: str = DeviceKind.CUDA
+) -> Callable[..., torch.Tensor]:
+    """`fn` compiled (dynamic shapes) when its first tensor argument is on `device_type`, eager
+    otherwise. Compilation is lazy: importing this module compiles nothing. One compiled copy per
+    input rank and autograd need (e.g. RMSNorm on [s, b, h] and on q/k heads; training, log-prob
+    and reference passes), each with its own dynamo cache: one shared cache would pass the
+    recompile limit on a Qwen3.5 run and silently run the later variants eagerly."""
+    compiled: dict[tuple[int, bool], Callable[..., torch.Tensor]] = {}
 
     def call(first: torch.Tensor, *args: Any) -> torch.Tensor:
-        if first.device.type != DeviceKind.CUDA:
+        if first.device.type != device_type:
             return fn(first, *args)
-        if not compiled:
-            compiled.append(torch.compile(fn, dynamic=True))
-        return compiled[0](first, *args)
+        tensors = (first, *(a for a in args if isinstance(a, torch.Tensor)))
+        key = (first.dim(), torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        if key not in compiled:
+            compiled[key] = torch.compile(_own_code(fn), dynamic=True)
+        return compiled[key](first, *args)
 
     call.eager = fn  # type: ignore[attr-defined]
     return call
