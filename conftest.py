@@ -13,3 +13,16 @@ def _torch_kernels_for_cpu_tensors() -> None:
     from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
 
     use_torch_kernels_on_cpu()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for the module's Ray workers (one already running is kept)."""
+    import ray
+
+    from grpo_trainer.worker_group import ensure_ray
+
+    started = ensure_ray(num_cpus=2)
+    yield
+    if started:
+        ray.shutdown()

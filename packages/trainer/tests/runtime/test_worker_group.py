@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError, ensure_ray
+from grpo_trainer.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,16 +102,6 @@ class Hanger:
         if self.rank == 1:
             {"spin": _spinning_with_the_gil, "c": _stuck_in_c_holding_the_gil}.get(how, _stuck_in_allreduce)()
         return self.rank
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    started = ensure_ray(num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture
