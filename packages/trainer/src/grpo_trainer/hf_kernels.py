@@ -133,22 +133,23 @@ RECURRENT_RULE = "torch_recurrent_gated_delta_rule"
 PACKED_KWARGS = ("cu_seqlens", "cu_seq_lens_q")
 
 
-def _pop_boundaries(kwargs: dict[str, Any]) -> list[int] | None:
+def _pop_boundaries(kwargs: dict[str, Any]) -> torch.Tensor | None:
     found = [kwargs.pop(name) for name in PACKED_KWARGS if name in kwargs]
     found = [value for value in found if value is not None]
-    return [int(x) for x in found[0].tolist()] if found else None
+    return found[0] if found else None
 
 
 class _Layout:
     """Where each token of a packed row sits once its sequences are stacked as right-padded rows
-    [sequences, longest]: the CPU kernels then run one batched call instead of one per sequence."""
+    [sequences, longest]: the kernels then run one batched call instead of one per sequence."""
 
-    def __init__(self, bounds: list[int], device: torch.device) -> None:
-        starts = torch.tensor(bounds[:-1], device=device)
-        lengths = torch.tensor(bounds[1:], device=device) - starts
+    def __init__(self, bounds: torch.Tensor, device: torch.device) -> None:
+        bounds = bounds.to(device=device, dtype=torch.long)
+        starts = bounds[:-1]
+        lengths = bounds[1:] - starts
         self.count, self.longest = len(lengths), int(lengths.max())
         self.row = torch.repeat_interleave(torch.arange(self.count, device=device), lengths)
-        self.column = torch.arange(bounds[-1], device=device) - starts[self.row]
+        self.column = torch.arange(int(bounds[-1]), device=device) - starts[self.row]
 
     def to_rows(self, packed: torch.Tensor, dim: int) -> torch.Tensor:
         """[1, ..., tokens (at dim), ...] -> [sequences, ..., longest, ...]; zeros after each sequence."""
@@ -161,47 +162,41 @@ class _Layout:
         return rows.movedim(dim, 1)[self.row, self.column].unsqueeze(0).movedim(1, dim)
 
 
-def _conv_by_segment(conv: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(conv)
-    def call(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if hidden_states.device.type != "cpu":
-            return conv(hidden_states, *args, **kwargs)
-        bounds = _pop_boundaries(kwargs)
+def _by_segment(function: Callable[..., Any], run_stacked: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, but a CPU call with packed rows (`PACKED_KWARGS`) goes to
+    `run_stacked(function, layout, first, *args, **kwargs)` with the boundaries taken out."""
+
+    @functools.wraps(function)
+    def call(first: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        bounds = _pop_boundaries(kwargs) if first.device.type == "cpu" else None
         if bounds is None:
-            return conv(hidden_states, *args, **kwargs)
-        # [1, channels, tokens]: each sequence in a row of its own, so the causal window starts
-        # afresh in each (the zeros after a sequence only reach positions that are dropped).
-        layout = _Layout(bounds, hidden_states.device)
-        return layout.to_packed(conv(layout.to_rows(hidden_states, 2), *args, **kwargs), 2)
+            return function(first, *args, **kwargs)
+        return run_stacked(function, _Layout(bounds, first.device), first, *args, **kwargs)
 
     setattr(call, _SEGMENTED, True)
     setattr(call, _MARK, True)
     return call
 
 
-def _rule_by_segment(rule: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(rule)
-    def call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any) -> Any:
-        if query.device.type != "cpu":
-            return rule(query, key, value, **kwargs)
-        bounds = _pop_boundaries(kwargs)
-        if bounds is None:
-            return rule(query, key, value, **kwargs)
-        # [1, tokens, heads, dim] (g, beta: [1, tokens, heads]) -> one row per sequence. After a
-        # sequence's end key = 0, beta = 0 and g = 0 leave its state as it was (no decay, no
-        # write), so each row's final state is its sequence's; initial states are per sequence.
-        layout = _Layout(bounds, query.device)
-        tokens = query.shape[1]
-        rows = {
-            name: layout.to_rows(v, 1) if isinstance(v, torch.Tensor) and v.dim() > 1 and v.shape[1] == tokens else v
-            for name, v in kwargs.items()
-        }
-        out, final = rule(layout.to_rows(query, 1), layout.to_rows(key, 1), layout.to_rows(value, 1), **rows)
-        return layout.to_packed(out, 1), final
+def _conv_stacked(conv: Callable[..., Any], layout: _Layout, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    # [1, channels, tokens]: each sequence in a row of its own, so the causal window starts
+    # afresh in each (the zeros after a sequence only reach positions that are dropped).
+    return layout.to_packed(conv(layout.to_rows(hidden_states, 2), *args, **kwargs), 2)
 
-    setattr(call, _SEGMENTED, True)
-    setattr(call, _MARK, True)
-    return call
+
+def _rule_stacked(
+    rule: Callable[..., Any], layout: _Layout, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any
+) -> Any:
+    # [1, tokens, heads, dim] (g, beta: [1, tokens, heads]) -> one row per sequence. After a
+    # sequence's end key = 0, beta = 0 and g = 0 leave its state as it was (no decay, no
+    # write), so each row's final state is its sequence's; initial states are per sequence.
+    tokens = query.shape[1]
+    rows = {
+        name: layout.to_rows(v, 1) if isinstance(v, torch.Tensor) and v.dim() > 1 and v.shape[1] == tokens else v
+        for name, v in kwargs.items()
+    }
+    out, final = rule(layout.to_rows(query, 1), layout.to_rows(key, 1), layout.to_rows(value, 1), **rows)
+    return layout.to_packed(out, 1), final
 
 
 def segment_packed_sequences_on_cpu() -> list[str]:
@@ -212,7 +207,7 @@ def segment_packed_sequences_on_cpu() -> list[str]:
     return _wrap_in_modules(
         (CONV, CHUNKED_RULE, RECURRENT_RULE),
         _SEGMENTED,
-        lambda name, function: (_conv_by_segment if name == CONV else _rule_by_segment)(function),
+        lambda name, function: _by_segment(function, _conv_stacked if name == CONV else _rule_stacked),
     )
 
 
@@ -225,7 +220,7 @@ def _packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     [tokens, tokens] mask is built and no sequence sees another."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    layout = _Layout([int(x) for x in bounds.tolist()], query.device)
+    layout = _Layout(bounds, query.device)
     rows = [layout.to_rows(t, 2) for t in (query, key, value)]
     out, weights = sdpa_attention_forward(module, *rows, None, **kwargs)
     return layout.to_packed(out, 1), weights  # out: [sequences, longest, heads, dim]
