@@ -42,6 +42,7 @@ from grpo_trainer.backends.megatron.provider_config import (
     torch_grouped_experts,
     validate_overrides,
 )
+from grpo_trainer.backends.megatron.state import sub_optimizers
 from grpo_trainer.devices import resolve_device_kind
 
 log = structlog.get_logger()
@@ -266,7 +267,7 @@ def use_fused_torch_adam(optimizer: Any) -> int:
     the parameter groups whose tensors are all on CUDA (the CPU-offloaded optimizer is another
     class); returns how many groups were switched."""
     switched = 0
-    for chained in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+    for chained in sub_optimizers(optimizer):
         inner = getattr(chained, "optimizer", None)
         if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
             continue

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 import grpo_device
+from grpo_trainer.backends.megatron.state import sub_optimizers
 
 
 @dataclass(kw_only=True)
@@ -37,7 +38,7 @@ def _ddp_buffers(chunk: torch.nn.Module) -> list[Any]:
 
 def _optimizer_tensors(optimizer: Any) -> Iterator[tuple[dict[str, Any] | None, str | None, torch.Tensor]]:
     """(state dict, key, tensor) of every Adam moment and (None, None, param) of every main param."""
-    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+    for sub in sub_optimizers(optimizer):
         inner = getattr(sub, "optimizer", None)
         if inner is None:
             continue

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 
-def _sub_optimizers(optimizer: Any) -> list[Any]:
+def sub_optimizers(optimizer: Any) -> list[Any]:
+    """The optimizers megatron-core chains (one per parameter kind), or `optimizer` alone."""
     return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
 
 
@@ -37,7 +38,7 @@ def policy_state(model: list[torch.nn.Module], optimizer: Any) -> dict[str, Any]
     """{"model": ..., "optimizer": ...}. Collective when the optimizer is distributed (every
     data-parallel rank must call it)."""
     optimizers = []
-    for sub in _sub_optimizers(optimizer):
+    for sub in sub_optimizers(optimizer):
         entry: dict[str, Any] = {"state_dict": without_classes(sub.state_dict())}
         if _is_distributed(sub):
             entry["param_state"] = _encode_param_state(
@@ -69,7 +70,7 @@ def load_policy_state(model: list[torch.nn.Module], optimizer: Any, state: dict[
 
 
 def _load_optimizer_state(optimizer: Any, entries: list[dict[str, Any]]) -> None:
-    subs = _sub_optimizers(optimizer)
+    subs = sub_optimizers(optimizer)
     if len(entries) != len(subs):
         raise ValueError(f"checkpoint has {len(entries)} optimizer parts, the model has {len(subs)}")
     for sub, entry in zip(subs, entries, strict=True):
