@@ -67,7 +67,12 @@ def notes(cfg: Any, spec: BenchSpec) -> list[str]:
         f"workers at nice {os.environ.get(RAY_NICENESS_ENV, '15 (Ray default)')}",
         f"rollout: {cfg.rollout.engine} engine on the policy module, "
         f"{spec.completions_per_step // spec.world_size} sequences per worker",
-        f"old log-probs recomputed, {kl}",
+        (
+            "old log-probs: the rollout engine's (algorithm.rollout_correction.bypass_mode=true), not recomputed"
+            if cfg.algorithm.rollout_correction.bypass_mode
+            else "old log-probs recomputed"
+        )
+        + f", {kl}",
         f"{spec.optimizer_steps_per_rollout} optimizer step(s) per rollout, "
         f"micro-batch {a.ppo_micro_batch_size_per_device} rows per worker, loss_agg_mode={a.loss_agg_mode}",
         "MoE experts implementation: eager (grpo_trainer's choice on CPU); gradient checkpointing "

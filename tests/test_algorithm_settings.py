@@ -301,3 +301,40 @@ def test_the_update_receives_the_corrected_mask_weights_and_kl_shaped_advantages
     torch.testing.assert_close(batch.advantages, expected)
     assert metrics["rollout/overlong_filtered_fraction"] == pytest.approx(2 / 8)
     assert metrics["actor/reward_kl_penalty_coeff"] == 0.2
+
+
+class _CountingWorkers(_RecordingWorkers):
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_prob_calls: list[bool] = []
+
+    def log_probs(self, batch, shards, *, ref: bool = False):
+        self.log_prob_calls.append(ref)
+        return super().log_probs(batch, shards, ref=ref)
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+def test_bypass_mode_takes_the_engines_log_probs_as_the_old_policys(make_run, bypass) -> None:
+    """`algorithm.rollout_correction.bypass_mode=true`: the policy's log-prob pass is not asked for
+    (only the reference's), the update and the KL in the reward read the engine's log-probs as the
+    old policy's, and the engine-vs-policy drift metrics (then zero by construction) are not logged."""
+    run = make_run(
+        *SMALL,
+        f"algorithm.rollout_correction.bypass_mode={str(bypass).lower()}",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.kl_coef=0.2",
+    )
+    scores = [1.0, 0.0, 0.5, 0.5, 1.0, 0.0, 0.0, 1.0]
+    _script(run, [scores], lengths=[[8, 3, 4, 2, 5, 8, 1, 4]])
+    run.workers = workers = _CountingWorkers()
+    metrics = run.train_step(_prompts(run))
+    (batch,) = workers.updated
+    rollout_lp = batch.extra["rollout_log_probs"]
+    assert workers.log_prob_calls == ([True] if bypass else [False, True])
+    assert torch.equal(batch.old_log_probs, rollout_lp) is bypass
+    positions = (rollout_lp != 0).double()
+    kl_sums = ((batch.old_log_probs - batch.ref_log_probs) * positions).sum(dim=-1).double()
+    expected = grpo_math.group_advantages(torch.tensor(scores, dtype=torch.float64) - 0.2 * kl_sums, [0, 0, 1, 1, 2, 2, 3, 3])
+    torch.testing.assert_close(batch.advantages, expected)
+    assert ("rollout/logprob_abs_diff" in metrics) is not bypass
+    assert ("timing/old_log_probs_s" in metrics) is not bypass

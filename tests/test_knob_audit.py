@@ -269,6 +269,7 @@ READ: dict[str, tuple[str, ...]] = {
     ),
     "algorithm.rollout_correction.rollout_rs": (CORRECTION, ALGO_TRAIN),
     "algorithm.rollout_correction.rollout_rs_threshold": (CORRECTION, ALGO_TRAIN),
+    "algorithm.rollout_correction.bypass_mode": (f"{ALGO}::test_bypass_mode_takes_the_engines_log_probs_as_the_old_policys",),
     "reward.overlong_buffer.enable": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not", ALGO_TRAIN),
     "reward.overlong_buffer.len": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
     "reward.overlong_buffer.penalty_factor": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
@@ -396,10 +397,6 @@ REFUSED: dict[str, tuple[list[str], str]] = {
     ),
     "ref.megatron.use_dist_checkpointing": (
         [*MEGATRON, "ref.megatron.use_dist_checkpointing=true"],
-        "cannot be honoured",
-    ),
-    "algorithm.rollout_correction.bypass_mode": (
-        ["algorithm.rollout_correction.bypass_mode=true"],
         "cannot be honoured",
     ),
 }

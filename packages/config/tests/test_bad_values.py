@@ -93,8 +93,16 @@ CANNOT_HONOUR = [
         "algorithm.kl_ctrl.target_kl=0.5: read by the adaptive KL controller only",
     ),
     (
-        ["algorithm.rollout_correction.bypass_mode=true"],
-        "algorithm.rollout_correction.bypass_mode=True cannot be honoured: grpo recomputes the old log-probs",
+        ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
+        "bypass_mode=true with rollout_is / rollout_rs: bypass mode takes the rollout engine's log-probs",
+    ),
+    (
+        [
+            "algorithm.rollout_correction.bypass_mode=true",
+            "rollout.engine=vllm",
+            'rollout.engine_kwargs={"logprobs_mode": "processed_logprobs"}',
+        ],
+        "bypass_mode=true with rollout.engine_kwargs.logprobs_mode=processed_logprobs: those log-probs",
     ),
     (
         ["algorithm.rollout_correction.rollout_is_threshold=3"],

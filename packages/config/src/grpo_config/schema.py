@@ -208,14 +208,19 @@ class RolloutCorrectionConfig:
     """Rollout-training mismatch correction (verl's `algorithm.rollout_correction`), between the
     training policy at rollout time (old log-probs) and the rollout engine's log-probs.
     `rollout_is`: truncated importance weights per token or per sequence, capped at
-    `rollout_is_threshold`; `rollout_rs`: rejection (masking) options, see `grpo_config.rejection`."""
+    `rollout_is_threshold`; `rollout_rs`: rejection (masking) options, see `grpo_config.rejection`.
+    `bypass_mode` (verl's): the rollout engine's log-probs of the sampled tokens are the old
+    policy's, the recomputation is skipped (one forward pass of the policy less per step). The same
+    numbers up to float rounding where the engine samples with the training weights at the training
+    precision (the colocated `hf` engine in float32); otherwise the PPO ratio also holds the
+    engine's mismatch, which nothing then corrects."""
 
     rollout_is: Literal["token", "sequence"] | None = None
     rollout_is_threshold: float = 2.0
     rollout_is_batch_normalize: bool = False
     rollout_rs: str | None = None
     rollout_rs_threshold: str | float | None = None
-    bypass_mode: bool = False  # accepted only as false (see validate)
+    bypass_mode: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -221,13 +221,6 @@ _NOT_YET: tuple[tuple[str, Any, str], ...] = (
         "the full KL needs both models' whole vocabulary distributions at every token, which neither "
         "grpo nor verl keeps; use kl (k1, verl's default here), low_var_kl (k3), mse (k2) or abs",
     ),
-    (
-        "algorithm.rollout_correction.bypass_mode",
-        True,
-        "grpo recomputes the old log-probs with the training policy and corrects towards the rollout "
-        "engine's (verl's decoupled mode); using the engine's log-probs as the old policy is not "
-        "implemented. Set it to false and use rollout_is / rollout_rs",
-    ),
 )
 
 
@@ -490,6 +483,19 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
         problems.append(
             f"algorithm.rollout_correction.rollout_rs_threshold={correction.rollout_rs_threshold!r}: read with "
             "algorithm.rollout_correction.rollout_rs only. Remove it or set rollout_rs."
+        )
+    if correction.bypass_mode and (correction.rollout_is is not None or correction.rollout_rs is not None):
+        problems.append(
+            "algorithm.rollout_correction.bypass_mode=true with rollout_is / rollout_rs: bypass mode takes the "
+            "rollout engine's log-probs as the old policy's, so there is no gap between the two to weight or "
+            "reject. Remove rollout_is / rollout_rs, or set bypass_mode=false (the old log-probs recomputed)."
+        )
+    logprobs_mode = cfg.rollout.engine_kwargs.get("logprobs_mode", "raw_logprobs")
+    if correction.bypass_mode and cfg.rollout.engine == "vllm" and logprobs_mode != "raw_logprobs":
+        problems.append(
+            f"algorithm.rollout_correction.bypass_mode=true with rollout.engine_kwargs.logprobs_mode={logprobs_mode}: "
+            "those log-probs are of the distribution after temperature / top-k / top-p, the policy's in the "
+            "loss are of the raw one. Use raw_logprobs (vLLM's default) or set bypass_mode=false."
         )
     if correction.rollout_rs is not None:
         try:

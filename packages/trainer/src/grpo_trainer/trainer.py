@@ -225,8 +225,12 @@ class _Run:
         num_mini_batches = cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size
         shards = dp_row_split(len(rollout.generations), num_mini_batches=num_mini_batches, dp_size=workers.dp_size)
 
-        with timer("old_log_probs"):
-            batch.old_log_probs = workers.log_probs(batch, shards)
+        bypass = cfg.algorithm.rollout_correction.bypass_mode
+        if bypass:  # the engine's log-probs are the old policy's (zeros off the responses, as pad_rows')
+            batch.old_log_probs = batch.extra["rollout_log_probs"]
+        else:
+            with timer("old_log_probs"):
+                batch.old_log_probs = workers.log_probs(batch, shards)
         if cfg.uses_reference_model:
             with timer("ref_log_probs"):
                 batch.ref_log_probs = workers.log_probs(batch, shards, ref=True)
@@ -256,9 +260,10 @@ class _Run:
         if not torch.equal(final_rewards, sampled.scores):
             metrics["reward/final_mean"] = float(final_rewards.mean())
         metrics.update({f"actor/{name}": value for name, value in update.items()})
-        drift = (batch.old_log_probs - rollout_log_probs).abs()
-        metrics["rollout/logprob_abs_diff"] = float(grpo_math.masked_mean(drift, positions))
-        metrics.update(mismatch_metrics(batch.old_log_probs, rollout_log_probs, positions))
+        if not bypass:  # in bypass mode the two are the same tensor
+            drift = (batch.old_log_probs - rollout_log_probs).abs()
+            metrics["rollout/logprob_abs_diff"] = float(grpo_math.masked_mean(drift, positions))
+            metrics.update(mismatch_metrics(batch.old_log_probs, rollout_log_probs, positions))
         elapsed = time.perf_counter() - started
         metrics.update(timer.metrics)
         metrics["timing/step_s"] = elapsed

@@ -152,17 +152,20 @@ def test_compiled_kernels_equal_the_eager_functions_on_cuda_forward_and_backward
         compiled.backward(grad)
         torch.testing.assert_close(compiled_in.grad, eager_in.grad, rtol=2**-6, atol=1e-2)
 
-    rows = torch.randn(300, 2 * 96, device="cuda", generator=gen).bfloat16()
-    probs = torch.rand(300, device="cuda", generator=gen)
-    eager_in, compiled_in = rows.clone().requires_grad_(), rows.clone().requires_grad_()
-    eager = swiglu_times_probs.eager(eager_in, probs)
-    compiled = swiglu_times_probs(compiled_in, probs)
-    # eager rounds to bf16 after each op, the kernel once: a few elements one bf16 step apart
-    torch.testing.assert_close(compiled, eager, rtol=2**-6, atol=2**-6)
-    grad = torch.randn_like(eager)
-    eager.backward(grad)
-    compiled.backward(grad)
-    torch.testing.assert_close(compiled_in.grad, eager_in.grad, rtol=2**-6, atol=1e-2)
+    for width in (96, 1300):  # one block, and a loop over blocks (1024 wide) with a masked tail
+        rows = torch.randn(300, 2 * width, device="cuda", generator=gen).bfloat16()
+        probs = torch.rand(300, device="cuda", generator=gen)
+        eager_in, compiled_in = rows.clone().requires_grad_(), rows.clone().requires_grad_()
+        eager_probs, compiled_probs = probs.clone().requires_grad_(), probs.clone().requires_grad_()
+        eager = swiglu_times_probs.eager(eager_in, eager_probs)
+        compiled = swiglu_times_probs(compiled_in, compiled_probs)
+        # eager rounds to bf16 after each op, the kernel once: a few elements one bf16 step apart
+        torch.testing.assert_close(compiled, eager, rtol=2**-6, atol=2**-6)
+        grad = torch.randn_like(eager)
+        eager.backward(grad)
+        compiled.backward(grad)
+        torch.testing.assert_close(compiled_in.grad, eager_in.grad, rtol=2**-6, atol=1e-2)
+        torch.testing.assert_close(compiled_probs.grad, eager_probs.grad, rtol=2**-6, atol=width * 2e-3)
 
 
 @pytest.mark.gpu
@@ -287,3 +290,38 @@ def test_each_input_rank_and_autograd_need_gets_a_compiled_copy_with_its_own_cod
     assert len(compiled) == 4  # (3-D, 4-D) x (grad, no grad); the second 3-D shape reuses its copy
     codes = {id(f.__code__) for f in compiled}  # distinct objects (code objects compare equal by value)
     assert len(codes) == 4 and id(fusions._rms_norm.__code__) not in codes
+
+
+_INTERPRETED_SWIGLU = """
+import torch
+from grpo_trainer.backends.megatron.fused_swiglu import swiglu_times_probs
+from grpo_trainer.backends.megatron.fusions import _swiglu_times_probs
+
+gen = torch.Generator().manual_seed(0)
+for rows, width in ((7, 5), (3, 1300), (0, 8)):
+    x = torch.randn(rows, 2 * width, generator=gen, requires_grad=True)
+    probs = torch.rand(rows, generator=gen, requires_grad=True)
+    ours, theirs = swiglu_times_probs(x, probs), _swiglu_times_probs(x, probs)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    grad = torch.randn(theirs.shape, generator=gen)
+    for got, want in zip(
+        torch.autograd.grad(ours, (x, probs), grad), torch.autograd.grad(theirs, (x, probs), grad), strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+print("checked")
+"""
+
+
+def test_the_swiglu_kernels_equal_the_float32_expression_in_values_and_gradients() -> None:
+    """grpo's Triton SwiGLU x probability kernels run by Triton's interpreter on the CPU (the GPU
+    test above runs them compiled), float32 against the eager expression: values, the input's and
+    the probabilities' gradients, a width over one block, no rows. In a process of its own: Triton
+    reads TRITON_INTERPRET when its own functions are decorated, at import."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_SWIGLU], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-3000:]

@@ -89,3 +89,28 @@ def test_an_offloaded_optimizer_s_class_setting_is_left_out_of_the_checkpoint_an
     assert restored["optimizer"]["param_groups"][0]["cpu_optimizer_cls"] is torch.optim.Adam
     assert restored["optimizer"]["param_groups"][0]["lr"] == 0.1
     assert torch.equal(restored["optimizer"]["state"][0]["exp_avg"], torch.ones(2))
+
+
+class _FreshDistributedOptimizer:
+    """Stands in for megatron-core's DistributedOptimizer (CUDA only) as `train()` finds it on a
+    resume: built, no step taken, so its `state_dict()` fails (without Apex/TE it asserts one Adam
+    step count: seen on the H200). Its inner optimizer's groups hold the offload class setting."""
+
+    def __init__(self) -> None:
+        self.optimizer = SimpleNamespace(param_groups=[{"lr": 0.5, "cpu_optimizer_cls": torch.optim.Adam}])
+        self.loaded: dict | None = None
+
+    def state_dict(self) -> dict:
+        raise AssertionError("steps")
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loaded = state
+
+
+def test_a_fresh_optimizer_loads_without_being_asked_for_its_state_dict() -> None:
+    from grpo_trainer.backends.megatron.state import _load_optimizer_state
+
+    fresh = _FreshDistributedOptimizer()
+    saved = {"optimizer": {"param_groups": [{"lr": 0.1}]}}
+    _load_optimizer_state(fresh, [{"state_dict": saved}])
+    assert fresh.loaded == {"optimizer": {"param_groups": [{"lr": 0.1, "cpu_optimizer_cls": torch.optim.Adam}]}}

@@ -23,6 +23,7 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     the tiny model (docs/benchmarks.md, "GRPO trainer"), a switch not made yet."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from grpo_trainer.hf_cpu_kernels import use_own_cpu_kernels
     from grpo_trainer.hf_kernels import (
         segment_packed_sequences_on_cpu,
         size_delta_rule_chunks_on_cpu,
@@ -32,6 +33,7 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
 
     use_torch_kernels_on_cpu()
     size_delta_rule_chunks_on_cpu()  # the generation prefill too
+    use_own_cpu_kernels()  # the causal convolution and the decode step's delta rule
     segment_packed_sequences_on_cpu()  # actor.use_remove_padding
     use_packed_sdpa()  # likewise
     if not path:

@@ -3,7 +3,8 @@
 What transformer_engine fuses, written as small torch functions that `torch.compile` turns into
 one Triton kernel each on CUDA (on CPU they run eagerly, same arithmetic):
 - RMSNorm with HF's casts (`rms_norm`);
-- SwiGLU times the routing probability on the grouped experts' intermediate (`swiglu_times_probs`);
+- SwiGLU times the routing probability on the grouped experts' intermediate (`swiglu_times_probs`:
+  on CUDA two Triton kernels of grpo's own, `fused_swiglu`, faster than the compiled expression);
 - rotary position embedding (`install_compiled_rope`): megatron-core's own unfused function,
   compiled, in the slot it fills with transformer_engine's kernel, for `apply_rope_fusion=true`;
 - MoE token permutation and un-permutation as gathers both ways (`TokenPermutation`): megatron-core's
@@ -37,8 +38,10 @@ def _own_code(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
 def cuda_compiled(
     fn: Callable[..., torch.Tensor], *, device_type: str = DeviceKind.CUDA
 ) -> Callable[..., torch.Tensor]:
-    """`fn` compiled (dynamic shapes) when its first tensor argument is on `device_type`, eager
-    otherwise. Compilation is lazy: importing this module compiles nothing. One compiled copy per
+    """`fn` compiled when its first tensor argument is on `device_type`, eager otherwise.
+    Compilation is lazy: importing this module compiles nothing. Shapes are dynamic only where they
+    changed (dynamo's automatic dynamic: the token count, not the hidden size, whose static value
+    lets the kernels' index arithmetic fold). One compiled copy per
     input rank and autograd need (e.g. RMSNorm on [s, b, h] and on q/k heads; training, log-prob
     and reference passes), each with its own dynamo cache: one shared cache would pass the
     recompile limit on a Qwen3.5 run and silently run the later variants eagerly."""
@@ -50,7 +53,7 @@ def cuda_compiled(
         tensors = (first, *(a for a in args if isinstance(a, torch.Tensor)))
         key = (first.dim(), torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         if key not in compiled:
-            compiled[key] = torch.compile(_own_code(fn), dynamic=True)
+            compiled[key] = torch.compile(_own_code(fn))
         return compiled[key](first, *args)
 
     call.eager = fn  # type: ignore[attr-defined]
@@ -76,7 +79,16 @@ def _swiglu_times_probs(intermediate: torch.Tensor, probs: torch.Tensor) -> torc
     return ((F.silu(gate) * up) * probs.unsqueeze(-1)).to(intermediate.dtype)
 
 
-swiglu_times_probs = cuda_compiled(_swiglu_times_probs)
+def swiglu_times_probs(intermediate: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """On CUDA grpo's Triton kernels (`fused_swiglu`: float32 inside, rounded once); eager elsewhere."""
+    if intermediate.device.type == DeviceKind.CUDA:
+        from grpo_trainer.backends.megatron import fused_swiglu
+
+        return fused_swiglu.swiglu_times_probs(intermediate, probs)
+    return _swiglu_times_probs(intermediate, probs)
+
+
+swiglu_times_probs.eager = _swiglu_times_probs  # type: ignore[attr-defined]
 
 
 def install_compiled_rope() -> bool:

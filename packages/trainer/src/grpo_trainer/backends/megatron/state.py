@@ -74,7 +74,7 @@ def _load_optimizer_state(optimizer: Any, entries: list[dict[str, Any]]) -> None
     if len(entries) != len(subs):
         raise ValueError(f"checkpoint has {len(entries)} optimizer parts, the model has {len(subs)}")
     for sub, entry in zip(subs, entries, strict=True):
-        sub.load_state_dict(with_live_classes(entry["state_dict"], sub.state_dict()))
+        sub.load_state_dict(with_live_classes(entry["state_dict"], _live_classes(sub)))
         if "param_state" in entry:
             with _step_tensors_set_aside(sub):
                 sub.load_parameter_state_from_dp_zero(_decode_param_state(entry["param_state"]))
@@ -89,6 +89,15 @@ def without_classes(tree: Any) -> Any:
     if isinstance(tree, list | tuple):
         return type(tree)(without_classes(v) for v in tree)
     return tree
+
+
+def _live_classes(optimizer: Any) -> dict[str, Any]:
+    """The class-valued settings of `optimizer`'s param groups, laid out as in its state dict
+    (["optimizer"]["param_groups"][i]), read from the live groups: a fresh megatron-core
+    DistributedOptimizer cannot give its state dict before its first step without Apex/TE (it
+    asserts one Adam step count; seen on the GPU when `train()` resumed from a checkpoint)."""
+    groups = getattr(optimizer, "optimizer", optimizer).param_groups
+    return {"optimizer": {"param_groups": [{k: v for k, v in g.items() if isinstance(v, type)} for g in groups]}}
 
 
 def with_live_classes(saved: Any, live: Any) -> Any:
