@@ -13,6 +13,7 @@ import torch
 from grpo_trainer import hf_cpu_kernels, hf_kernels
 from grpo_trainer.hf_cpu_kernels import (
     causal_conv1d,
+    chunk_gated_delta_rule,
     causal_conv1d_update,
     recurrent_gated_delta_rule,
     use_own_cpu_kernels,
@@ -80,6 +81,47 @@ def test_the_recurrent_delta_rule_equals_transformers_with_its_states(steps, l2n
     fresh, none = recurrent_gated_delta_rule(q, k, v, g=g, beta=beta)
     torch.testing.assert_close(fresh, _reference("torch_recurrent_gated_delta_rule")(q, k, v, g=g, beta=beta)[0])
     assert none is None
+
+
+@pytest.mark.parametrize(
+    "length,chunk,initial,final",
+    [(11, 16, False, False), (11, 16, True, True), (40, 16, True, True), (40, 16, False, False), (5, 8, False, True)],
+)
+def test_the_chunked_delta_rule_equals_transformers_in_values_states_and_gradients(length, chunk, initial, final) -> None:
+    gen = torch.Generator().manual_seed(length)
+    batch, heads, k_dim, v_dim = 3, 2, 8, 6
+    inputs = [
+        torch.randn(batch, length, heads, k_dim, generator=gen, dtype=torch.float64),
+        torch.randn(batch, length, heads, k_dim, generator=gen, dtype=torch.float64),
+        torch.randn(batch, length, heads, v_dim, generator=gen, dtype=torch.float64),
+        -torch.rand(batch, length, heads, generator=gen, dtype=torch.float64),
+        torch.rand(batch, length, heads, generator=gen, dtype=torch.float64),
+    ]
+    inputs = [t.requires_grad_() for t in inputs]
+    state = torch.randn(batch, heads, k_dim, v_dim, generator=gen, dtype=torch.float64) if initial else None
+    kwargs = {"chunk_size": chunk, "initial_state": state, "output_final_state": final, "use_qk_l2norm_in_kernel": True}
+    q, k, v, g, beta = inputs
+    ours, our_state = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, **kwargs)
+    theirs, their_state = _reference("torch_chunk_gated_delta_rule")(q, k, v, g=g, beta=beta, **kwargs)
+    # both compute in float32 inside: equal up to its rounding (one solve for two right-hand sides)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert (our_state is None) is (their_state is None) is not final
+    if final:
+        torch.testing.assert_close(our_state, their_state, rtol=1e-5, atol=1e-6)
+    upstream = torch.randn(ours.shape, generator=gen, dtype=torch.float64)
+    for got, want in zip(
+        torch.autograd.grad(ours, inputs, upstream), torch.autograd.grad(theirs, inputs, upstream), strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_chunked_delta_rule_sizes_its_chunk_when_given_none() -> None:
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 2, 8, generator=gen) for _ in range(3))
+    g, beta = -torch.rand(2, 3, 2, generator=gen), torch.rand(2, 3, 2, generator=gen)
+    sized, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta)
+    eight, _ = _reference("torch_chunk_gated_delta_rule")(q, k, v, g=g, beta=beta, chunk_size=8)
+    assert torch.equal(sized, eight)
 
 
 def test_own_versions_take_unpacked_cpu_calls_and_the_delta_rule_only_without_autograd(monkeypatch) -> None:

@@ -17,7 +17,6 @@ from grpo_trainer import hf_kernels
 from grpo_trainer.hf_kernels import (
     FUNCTIONS,
     chunk_size_for,
-    size_delta_rule_chunks_on_cpu,
     use_torch_kernels_on_cpu,
 )
 
@@ -61,25 +60,7 @@ def test_cpu_inputs_go_to_the_reference_and_packed_ones_are_refused(monkeypatch)
         module.torch_chunk_gated_delta_rule(x, x, x, g=x, beta=x, cu_seqlens=torch.tensor([0, 2, 4]))
 
 
-def test_cpu_calls_without_a_chunk_size_get_one_sized_to_the_sequence(monkeypatch) -> None:
-    seen: list[object] = []
-
-    def rule(query, key, value, g, beta, chunk_size=64, **kwargs):
-        seen.append(chunk_size)
-        return query
-
-    module = types.ModuleType("fake_qwen35_modeling_sized")
-    module.torch_chunk_gated_delta_rule = _triton_only(rule)
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(hf_kernels, "MODULES", (module.__name__,))
-    use_torch_kernels_on_cpu()
-    assert size_delta_rule_chunks_on_cpu() == [f"{module.__name__}.torch_chunk_gated_delta_rule"]
-    assert size_delta_rule_chunks_on_cpu() == [] and use_torch_kernels_on_cpu() == []  # both idempotent
-    for seq_len in (3, 11, 40, 300):
-        x = torch.ones(2, seq_len, 2, 8)
-        module.torch_chunk_gated_delta_rule(x, x, x, g=x, beta=x)
-    module.torch_chunk_gated_delta_rule(x, x, x, g=x, beta=x, chunk_size=32)  # the caller's choice stays
-    assert seen == [8, 16, 64, 64, 32]
+def test_chunk_sizes() -> None:
     assert [chunk_size_for(n) for n in (1, 8, 9, 33, 64, 65)] == [8, 8, 16, 64, 64, 64]
 
 

@@ -13,9 +13,7 @@ one row, their boundaries in `cu_seqlens` / `cu_seq_lens_q`) through the PyTorch
 and delta rules on the CPU, which otherwise would run across the boundaries: inside those two the
 sequences are stacked as right-padded rows (one batched call), everything else stays packed.
 
-`size_delta_rule_chunks_on_cpu()` then makes the PyTorch chunked delta rule's CPU calls that name no
-`chunk_size` use `chunk_size_for(sequence length)` instead of its fixed 64-token chunk: the
-generation prefill (transformers' `generate` refuses a `chunk_size` argument), and any other caller.
+grpo's own CPU versions of the helpers (`hf_cpu_kernels`) go between the two.
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ FUNCTIONS = (
     "causal_conv1d_update",
 )
 _MARK = "__grpo_torch_on_cpu__"
-_SIZED = "__grpo_sized_chunks__"
 CHUNKED_RULE = "torch_chunk_gated_delta_rule"
 
 
@@ -104,27 +101,6 @@ def use_torch_kernels_on_cpu() -> list[str]:
         return None if reference is None else _by_device(function, reference)
 
     return _wrap_in_modules(FUNCTIONS, _MARK, by_device)
-
-
-def _sized_on_cpu(rule: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(rule)
-    def call(query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if query.device.type == "cpu" and "chunk_size" not in kwargs:
-            kwargs["chunk_size"] = chunk_size_for(query.shape[1])  # query: [batch, seq, heads, dim]
-        return rule(query, *args, **kwargs)
-
-    setattr(call, _SIZED, True)
-    # Wrapped after the device dispatch (or over a rule that was never bound to a GPU kernel):
-    # a later `use_torch_kernels_on_cpu` must not wrap it again around its reference.
-    setattr(call, _MARK, True)
-    return call
-
-
-def size_delta_rule_chunks_on_cpu() -> list[str]:
-    """Wrap the modules' chunked delta rule so that CPU calls without a `chunk_size` get
-    `chunk_size_for(seq_len)`. Call after `use_torch_kernels_on_cpu` (this wrapper goes outside
-    it). Returns the names wrapped by this call; idempotent."""
-    return _wrap_in_modules((CHUNKED_RULE,), _SIZED, lambda name, rule: _sized_on_cpu(rule))
 
 
 _SEGMENTED = "__grpo_segmented__"
@@ -202,8 +178,8 @@ def _rule_stacked(
 def segment_packed_sequences_on_cpu() -> list[str]:
     """Wrap the modules' causal convolution and delta rules so that CPU calls with packed rows
     (`cu_seqlens` or `cu_seq_lens_q`) keep the sequences apart. Call last (after
-    `size_delta_rule_chunks_on_cpu`: the chunk is then sized to the longest sequence). Returns the
-    names wrapped by this call; idempotent."""
+    `hf_cpu_kernels.use_own_cpu_kernels`, whose delta rule then sizes its chunk to the longest
+    sequence). Returns the names wrapped by this call; idempotent."""
     return _wrap_in_modules(
         (CONV, CHUNKED_RULE, RECURRENT_RULE),
         _SEGMENTED,

@@ -26,14 +26,12 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     from grpo_trainer.hf_cpu_kernels import use_own_cpu_kernels
     from grpo_trainer.hf_kernels import (
         segment_packed_sequences_on_cpu,
-        size_delta_rule_chunks_on_cpu,
         use_packed_sdpa,
         use_torch_kernels_on_cpu,
     )
 
     use_torch_kernels_on_cpu()
-    size_delta_rule_chunks_on_cpu()  # the generation prefill too
-    use_own_cpu_kernels()  # the causal convolution and the decode step's delta rule
+    use_own_cpu_kernels()  # the convolution and delta rules (chunk sized to the sequence, generation too)
     segment_packed_sequences_on_cpu()  # actor.use_remove_padding
     use_packed_sdpa()  # likewise
     if not path:
