@@ -13,8 +13,8 @@ import torch
 from grpo_trainer import hf_cpu_kernels, hf_kernels
 from grpo_trainer.hf_cpu_kernels import (
     causal_conv1d,
-    chunk_gated_delta_rule,
     causal_conv1d_update,
+    chunk_gated_delta_rule,
     recurrent_gated_delta_rule,
     use_own_cpu_kernels,
 )
