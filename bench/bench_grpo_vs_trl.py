@@ -2,6 +2,7 @@
 
     hatch run bench:grpo-vs-trl                  # 2 rounds x (1 warm-up + 5 measured steps) per side
     hatch run bench:grpo-vs-trl --steps 3 actor.ppo_epochs=2    # dotted overrides go to both sides
+    hatch run bench:grpo-vs-trl --recompute-old-log-probs       # ours recomputes old log-probs as TRL does
 
 Both sides get the tiny preset's model directory (random-weight Qwen3.5-MoE), its train parquet, the
 group size (rollout.n == num_generations), max response length, sampling settings, optimizer steps
@@ -17,6 +18,10 @@ imports, model load, Ray and its workers, is reported apart), and the CPU time o
 process tree over the same steps (robust to other jobs on a shared machine, which the wall time is
 not). tokens/s: sampled response tokens (EOS included), and non-padding prompt+response tokens of
 the trained batches, per second of wall time. Speed-ups are ours over TRL (goal: >= 2.0x steps/s, issue #18).
+
+Ours takes the old policy's log-probs from its colocated hf engine (`BYPASS` below: the engine is the
+policy module in float32, so they are the recomputation's up to float rounding); TRL recomputes
+them with a forward pass, as ours does with `--recompute-old-log-probs`. Both lines are printed.
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ from _trl_spec import RAY_NICENESS_ENV, BenchSpec, SideResult, spec_from_config
 
 PROCESS_START = time.perf_counter()
 GOAL = 2.0
+# The colocated hf engine samples with the policy module itself in float32: its log-probs of the
+# sampled tokens are the old policy's up to float rounding, so ours skips recomputing them (verl's
+# bypass mode). TRL has no such setting: it recomputes whenever it makes more than one optimizer step
+# per generation, as here.
+BYPASS = "algorithm.rollout_correction.bypass_mode=true"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--trl-experts",
         default="eager",
         help="TRL model's MoE experts implementation: eager (what ours uses on CPU) or default (transformers')",
+    )
+    p.add_argument(
+        "--recompute-old-log-probs",
+        action="store_true",
+        help="ours recomputes the old log-probs as TRL does (default: it takes the hf engine's, "
+        f"{BYPASS}: the engine samples with the policy's own float32 weights)",
     )
     p.add_argument("--timeout-s", type=float, default=900.0, help="per side")
     p.add_argument("--json", type=Path, default=None, help="also write both results here")
@@ -165,13 +181,14 @@ def make_spec(args: argparse.Namespace, workdir: Path) -> BenchSpec:
     from _trl_ours import load_config
 
     total = args.warmup + args.steps
-    cfg = load_config(workdir / "preset", workdir / "grpo", user_overrides=args.overrides, total_steps=total)
+    overrides = [*([] if args.recompute_old_log_probs else [BYPASS]), *args.overrides]
+    cfg = load_config(workdir / "preset", workdir / "grpo", user_overrides=overrides, total_steps=total)
     return spec_from_config(
         cfg,
         threads=args.threads,
         warmup_steps=args.warmup,
         measure_steps=args.steps,
-        overrides=list(args.overrides),
+        overrides=overrides,
     )
 
 

@@ -312,6 +312,11 @@ print("checked")
 """
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="runs compiled on this machine (the GPU test above); Triton 3.6's interpreter (the H200's) "
+    "cannot take the kernels' loop over a runtime width",
+)
 def test_the_swiglu_kernels_equal_the_float32_expression_in_values_and_gradients() -> None:
     """grpo's Triton SwiGLU x probability kernels run by Triton's interpreter on the CPU (the GPU
     test above runs them compiled), float32 against the eager expression: values, the input's and
