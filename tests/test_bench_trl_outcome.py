@@ -1,6 +1,7 @@
 """The TRL comparison bench (`bench/bench_grpo_vs_trl.py`) keeps a side's measurement when the side
 exits non-zero after writing it (a TRL rank aborting in teardown, seen once), printing the exit
-and the log's last lines; a side that wrote no result still fails the bench with them."""
+and the log's last lines; a side that wrote no result still fails the bench with them. Ours takes
+the old log-probs from its engine unless told to recompute them, and says which."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from _trl_spec import SideResult
-from bench_grpo_vs_trl import side_outcome
+from bench_grpo_vs_trl import BYPASS, make_spec, parse_args, side_outcome
 
 
 def _result(path: Path) -> SideResult:
@@ -43,3 +44,17 @@ def test_a_clean_exit_returns_the_result_quietly(tmp_path: Path, capsys) -> None
     _result(tmp_path / "result.json")
     assert side_outcome("trl", 0, result_path=tmp_path / "result.json", log_path=tmp_path / "none.log").steps_per_s > 0
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_ours_takes_the_engines_old_log_probs_unless_told_to_recompute(tmp_path: Path, recompute: bool) -> None:
+    from _trl_ours import load_config, notes
+
+    args = parse_args([*(["--recompute-old-log-probs"] if recompute else []), "seed=7"])
+    spec = make_spec(args, tmp_path)
+    assert (BYPASS in spec.overrides) is not recompute and "seed=7" in spec.overrides
+    cfg = load_config(tmp_path / "preset", tmp_path / "grpo", user_overrides=spec.overrides, total_steps=2)
+    assert cfg.algorithm.rollout_correction.bypass_mode is not recompute
+    said = " ".join(notes(cfg, spec))
+    assert ("old log-probs recomputed" in said) is recompute
+    assert ("old log-probs: the rollout engine's" in said) is not recompute
