@@ -235,6 +235,14 @@ def test_one_step_off_refuses_what_it_cannot_honour(dropped: str | None, added: 
     assert "1 problem" in msg and expected in msg
 
 
+def test_one_step_off_takes_bypass_mode_instead_of_importance_weights() -> None:
+    """In bypass mode the old policy's log-probs are the rollout engine's, one update behind: the
+    PPO ratio itself is taken against the policy that sampled, so no weights are asked for."""
+    overrides = [o for o in ONE_STEP_OFF if "rollout_is" not in o]
+    cfg = load(None, [*overrides, "algorithm.rollout_correction.bypass_mode=true"])
+    assert cfg.algorithm.rollout_correction.bypass_mode and cfg.algorithm.rollout_correction.rollout_is is None
+
+
 def test_one_step_off_refuses_offload_meant_for_a_colocated_engine() -> None:
     msg = _problems([*ONE_STEP_OFF, "actor.backend=megatron", "actor.megatron.param_offload=true"])
     assert "actor.megatron.param_offload=true: offload frees the training devices" in msg

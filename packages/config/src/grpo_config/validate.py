@@ -621,11 +621,13 @@ def _one_step_off_problems(cfg: TrainerConfig) -> list[str]:
             "rollout worker is one engine on one device in this mode (tensor-parallel rollout workers are "
             "not implemented). Set rollout.tensor_parallel_size=1 or rollout.mode=sync."
         )
-    if cfg.algorithm.rollout_correction.rollout_is is None:
+    correction = cfg.algorithm.rollout_correction
+    if correction.rollout_is is None and not correction.bypass_mode:
         problems.append(
             "rollout.mode=one_step_off trains on responses sampled with the weights from before the previous "
             "update, so the importance weights of algorithm.rollout_correction are needed: set "
-            "algorithm.rollout_correction.rollout_is=token (or sequence)."
+            "algorithm.rollout_correction.rollout_is=token (or sequence), or bypass_mode=true (the PPO ratio "
+            "then is taken against the rollout engine's own log-probs)."
         )
     if cfg.algorithm.filter_groups.enable:
         problems.append(
