@@ -94,7 +94,15 @@ CANNOT_HONOUR = [
     ),
     (
         ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
-        "bypass_mode=true with rollout_is / rollout_rs: bypass mode takes the rollout engine's log-probs",
+        "bypass_mode=true with rollout_is / rollout_rs is not implemented",
+    ),
+    (
+        [
+            "algorithm.rollout_correction.bypass_mode=true",
+            "actor.use_kl_loss=false",
+            "actor.log_prob_micro_batch_size_per_device=2",
+        ],
+        "actor.log_prob_micro_batch_size_per_device=2: read by the policy's log-prob pass, which bypass_mode=true skips",
     ),
     (
         [

@@ -63,6 +63,9 @@ def test_pipeline_parallel_megatron_needs_micro_batches_of_one_row_count() -> No
     ]
     msg = _problems([*base, "actor.log_prob_micro_batch_size_per_device=4"])
     assert "actor.log_prob_micro_batch_size_per_device=4 does not divide the 10 rows" in msg
+    # no log-prob pass runs (bypass mode, no reference model): its default micro-batch (4) is not checked
+    bypass = ["algorithm.rollout_correction.bypass_mode=true", "actor.use_kl_loss=false"]
+    assert load(None, [*base, *bypass]).algorithm.rollout_correction.bypass_mode
     msg = _problems(
         [*base, "actor.log_prob_micro_batch_size_per_device=5", "ref.log_prob_micro_batch_size_per_device=3"]
     )

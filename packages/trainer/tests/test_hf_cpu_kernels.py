@@ -154,3 +154,37 @@ def test_own_versions_take_unpacked_cpu_calls_and_the_delta_rule_only_without_au
         assert module.torch_recurrent_gated_delta_rule(trained, x) == "own torch_recurrent_gated_delta_rule"
     assert module.causal_conv1d_fn(trained, x) == "own causal_conv1d_fn"  # autograd through the taps
     assert calls == ["causal_conv1d_fn", "causal_conv1d_fn", "torch_recurrent_gated_delta_rule"]
+
+
+def test_under_cpu_autocast_the_own_kernels_keep_float32_as_transformers_state_updates_do(monkeypatch) -> None:
+    """The hf engine generates under bf16 autocast when rollout.dtype is bfloat16: transformers'
+    decode step updates its state with elementwise float32 ops, which autocast leaves alone; ours
+    uses matrix products, which it would run in bf16, so the wrapper turns autocast off."""
+    module = types.ModuleType("fake_qwen35_autocast")
+    for name in hf_cpu_kernels.OWN:
+        setattr(module, name, _reference(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(hf_kernels, "MODULES", (module.__name__,))
+    use_own_cpu_kernels()
+    gen = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, 1, 2, 16, generator=gen) for _ in range(2))
+    v = torch.randn(2, 1, 2, 8, generator=gen)
+    g, beta = -torch.rand(2, 1, 2, generator=gen), torch.rand(2, 1, 2, generator=gen)
+    state = torch.randn(2, 2, 16, 8, generator=gen)
+    kwargs = {"g": g, "beta": beta, "initial_state": state, "output_final_state": True, "use_qk_l2norm_in_kernel": True}
+    with torch.no_grad(), torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        ours, our_state = module.torch_recurrent_gated_delta_rule(q, k, v, **kwargs)
+        theirs, their_state = _reference("torch_recurrent_gated_delta_rule")(q, k, v, **kwargs)
+        chunked, chunk_state = module.torch_chunk_gated_delta_rule(q, k, v, **{**kwargs, "initial_state": None})
+    torch.testing.assert_close(our_state, their_state, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert chunk_state.dtype == torch.float32 and chunked.dtype == q.dtype
+
+
+def test_the_chunked_delta_rule_takes_an_empty_sequence() -> None:
+    q, k = torch.zeros(2, 0, 2, 8), torch.zeros(2, 0, 2, 8)
+    v, g, beta = torch.zeros(2, 0, 2, 4), torch.zeros(2, 0, 2), torch.zeros(2, 0, 2)
+    out, state = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, output_final_state=True)
+    assert out.shape == (2, 0, 2, 4) and torch.equal(state, torch.zeros(2, 2, 8, 4))
+    initial = torch.ones(2, 2, 8, 4)
+    assert torch.equal(chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=initial, output_final_state=True)[1], initial)

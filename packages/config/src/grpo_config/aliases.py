@@ -172,7 +172,8 @@ _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
         f"{_RO}.calculate_log_probs": (
             True,
             "grpo always collects the rollout engine's sampling log-probs and logs their gap to the "
-            "actor's as rollout/logprob_abs_diff every step; it cannot be switched off",
+            "actor's as rollout/logprob_abs_diff every step (in bypass mode they are the old log-probs); "
+            "it cannot be switched off",
         ),
     }
 )

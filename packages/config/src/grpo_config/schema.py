@@ -212,8 +212,10 @@ class RolloutCorrectionConfig:
     `bypass_mode` (verl's): the rollout engine's log-probs of the sampled tokens are the old
     policy's, the recomputation is skipped (one forward pass of the policy less per step). The same
     numbers up to float rounding where the engine samples with the training weights at the training
-    precision (the colocated `hf` engine in float32); otherwise the PPO ratio also holds the
-    engine's mismatch, which nothing then corrects."""
+    precision (the colocated `hf` engine in float32); otherwise the PPO ratio, and the KL in the
+    reward (`use_kl_in_reward`, which reads the old log-probs), also hold the engine's mismatch,
+    which nothing then corrects or logs (`rollout/logprob_abs_diff` and `rollout_corr/*` are not
+    logged: they would compare a tensor with itself)."""
 
     rollout_is: Literal["token", "sequence"] | None = None
     rollout_is_threshold: float = 2.0

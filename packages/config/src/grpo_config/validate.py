@@ -111,11 +111,12 @@ def _batch_problems(cfg: TrainerConfig, *, world: int) -> list[str]:
 def _pipeline_problems(cfg: TrainerConfig, *, dp: int) -> list[str]:
     """Pipeline stages exchange activations of one fixed shape: every micro-batch must have the
     same number of rows (widths are padded to the batch's longest row)."""
+    policy_log_probs = not cfg.algorithm.rollout_correction.bypass_mode or cfg.uses_reference_model
     dynamic = [
         key
         for key, on in (
             ("actor.use_dynamic_bsz", cfg.actor.use_dynamic_bsz),
-            ("actor.log_prob_use_dynamic_bsz", cfg.actor.log_prob_use_dynamic_bsz),
+            ("actor.log_prob_use_dynamic_bsz", cfg.actor.log_prob_use_dynamic_bsz and policy_log_probs),
             ("ref.log_prob_use_dynamic_bsz", cfg.ref.log_prob_use_dynamic_bsz),
         )
         if on
@@ -129,7 +130,7 @@ def _pipeline_problems(cfg: TrainerConfig, *, dp: int) -> list[str]:
             "parallel.pp=1."
         ]
     rows = cfg.data.train_batch_size * cfg.rollout.n // dp  # one data-parallel rank's rows per step
-    sizes = {"actor.log_prob_micro_batch_size_per_device": cfg.actor.log_prob_micro_batch_size_per_device}
+    sizes = {"actor.log_prob_micro_batch_size_per_device": cfg.actor.log_prob_micro_batch_size_per_device} if policy_log_probs else {}
     if cfg.ref.log_prob_micro_batch_size_per_device is not None:
         sizes["ref.log_prob_micro_batch_size_per_device"] = cfg.ref.log_prob_micro_batch_size_per_device
     return [
@@ -315,6 +316,9 @@ _VLLM_ONLY = (
 )
 
 
+_LOG_PROB_SETTINGS = ("log_prob_micro_batch_size_per_device", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_device")
+
+
 def _changed(section: Any, default: Any, names: Any, prefix: str) -> list[str]:
     return [
         f"{prefix}.{name}={getattr(section, name)!r}"
@@ -486,10 +490,18 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
         )
     if correction.bypass_mode and (correction.rollout_is is not None or correction.rollout_rs is not None):
         problems.append(
-            "algorithm.rollout_correction.bypass_mode=true with rollout_is / rollout_rs: bypass mode takes the "
-            "rollout engine's log-probs as the old policy's, so there is no gap between the two to weight or "
-            "reject. Remove rollout_is / rollout_rs, or set bypass_mode=false (the old log-probs recomputed)."
+            "algorithm.rollout_correction.bypass_mode=true with rollout_is / rollout_rs is not implemented: grpo's "
+            "weights and rejections act on the gap between the old log-probs and the engine's, which bypass mode "
+            "makes the same tensor (verl weights pi_theta / pi_rollout there instead). Remove rollout_is / "
+            "rollout_rs, or set bypass_mode=false (the old log-probs recomputed)."
         )
+    if correction.bypass_mode and not cfg.uses_reference_model:
+        unread = _changed(cfg.actor, ActorConfig(), _LOG_PROB_SETTINGS, "actor")
+        if unread:
+            problems.append(
+                f"{', '.join(unread)}: read by the policy's log-prob pass, which bypass_mode=true skips, and no "
+                "reference model runs one (no KL loss, no KL in the reward). Remove them or set bypass_mode=false."
+            )
     logprobs_mode = cfg.rollout.engine_kwargs.get("logprobs_mode", "raw_logprobs")
     if correction.bypass_mode and cfg.rollout.engine == "vllm" and logprobs_mode != "raw_logprobs":
         problems.append(

@@ -16,7 +16,9 @@ On the CPU transformers' references spend most of a small model's time outside a
   nothing needs its gradient (generation runs under `no_grad`); otherwise the reference runs.
 
 `use_own_cpu_kernels()` installs them (CPU tensors, no packed boundaries; every other call goes
-to the function they wrap). Results equal the references up to float rounding (tests).
+to the function they wrap). They compute in float32 with CPU autocast off (transformers' state
+updates are elementwise float32 ops, which autocast leaves alone; ours are matrix products).
+Results equal the references in float32 up to float rounding (tests).
 """
 
 from __future__ import annotations
@@ -142,6 +144,12 @@ def chunk_gated_delta_rule(
     dtype = query.dtype
     batch, length, heads, k_dim = key.shape
     v_dim = value.shape[-1]
+    if length == 0:
+        empty = value.new_zeros(batch, 0, heads, v_dim)
+        state = None if initial_state is None else initial_state.float().clone()
+        if output_final_state and state is None:
+            state = torch.zeros(batch, heads, k_dim, v_dim, dtype=torch.float32, device=value.device)
+        return empty, state if output_final_state else None
     chunk = chunk_size or chunk_size_for(length)
     q, k, v, b, decay = (x.transpose(1, 2).float().contiguous() for x in (query, key, value, beta, g))
     if use_qk_l2norm_in_kernel:
@@ -182,8 +190,6 @@ def chunk_gated_delta_rule(
             update = k_to_end[:, :, i].transpose(-1, -2) @ v_new
             state = update if state is None else state * chunk_decay[:, :, i] + update
     out = torch.stack(outs, dim=2).view(batch, heads, -1, v_dim)[:, :, :length]
-    if output_final_state and state is None:  # no tokens
-        state = torch.zeros(batch, heads, k_dim, v_dim, dtype=torch.float32, device=q.device)
     return out.transpose(1, 2).contiguous().to(dtype), state if output_final_state else None
 
 
@@ -200,7 +206,10 @@ def _on_cpu(own: Callable[..., Any], wrapped: Callable[..., Any], *, needs_no_gr
             tensors = (first, *args, *kwargs.values())
             if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
                 return wrapped(first, *args, **kwargs)
-        return own(first, *args, **kwargs)
+        # float32 throughout, under CPU autocast too: transformers' state reads and writes are
+        # elementwise float32 ops, which autocast leaves alone; these are matrix products it would not.
+        with torch.autocast(device_type="cpu", enabled=False):
+            return own(first, *args, **kwargs)
 
     setattr(call, _OWN, True)
     return call

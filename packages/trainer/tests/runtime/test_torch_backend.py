@@ -576,3 +576,29 @@ def test_packed_rows_with_gated_deltanet_are_refused_off_the_cpu(tiny_model_dir)
     cfg = _cfg(tiny_model_dir, use_remove_padding=True)
     with pytest.raises(ValueError, match="Gated DeltaNet layers on meta: how the device's kernels"):
         TorchBackend(cfg, device=torch.device("meta"))
+
+
+def test_adamw_is_torchs_fused_kernel_also_after_loading_another_runs_checkpoint(tiny_model_dir) -> None:
+    """The CPU (and CUDA) optimizer is torch's fused AdamW. A checkpoint's param groups carry the
+    saving run's kernel choice (here the multi-tensor one); the load applies this run's instead,
+    and the next update equals the per-tensor AdamW's up to float rounding."""
+    a = _actor(tiny_model_dir)
+    assert all(g["fused"] and not g["foreach"] for g in a.backend.optimizer.param_groups)
+    batch = _prepare(a, _batch())
+    a.update(batch, num_mini_batches=1, ppo_epochs=1)
+    state = copy.deepcopy(a.state_dict())
+    for group in state["optimizer"]["param_groups"]:
+        group["fused"], group["foreach"] = None, True
+    fused, plain = _actor(tiny_model_dir), _actor(tiny_model_dir)
+    fused.load_state_dict(copy.deepcopy(state))
+    assert all(g["fused"] and g["foreach"] is None for g in fused.backend.optimizer.param_groups)
+    plain.backend.optimizer = torch.optim.AdamW(plain.backend.module.parameters(), lr=1e-3, foreach=False)
+    plain.backend.optimizer.load_state_dict(
+        {**state["optimizer"], "param_groups": [{**g, "fused": None, "foreach": False} for g in state["optimizer"]["param_groups"]]}
+    )
+    plain.backend.module.load_state_dict(state["model"])
+    plain.schedule.load_state_dict(state["scheduler"])
+    fused.update(batch, num_mini_batches=1, ppo_epochs=1)
+    plain.update(batch, num_mini_batches=1, ppo_epochs=1)
+    _assert_close(_params(fused), _params(plain), atol=1e-6)
+    assert not torch.equal(_params(fused)["model.embed_tokens.weight"], state["model"]["model.embed_tokens.weight"])

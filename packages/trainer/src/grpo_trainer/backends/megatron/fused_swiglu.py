@@ -13,6 +13,7 @@ Runs on CUDA tensors only (the caller keeps the eager / compiled path elsewhere)
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -54,6 +55,11 @@ def _backward_kernel(x_ptr, p_ptr, g_ptr, dx_ptr, dp_ptr, width, BLOCK: tl.const
     tl.store(dp_ptr + row, tl.sum(total, axis=0).to(dp_ptr.dtype.element_ty))
 
 
+def _current(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device, whatever the tensors' (CPU: the interpreter)."""
+    return torch.cuda.device(device) if device.type != "cpu" else contextlib.nullcontext()
+
+
 def _block(width: int) -> int:
     return min(triton.next_power_of_2(width), 1024)
 
@@ -68,7 +74,8 @@ class _SwigluTimesProbs(torch.autograd.Function):
             raise ValueError(f"{x.shape[0]} rows but {p.numel()} probabilities")
         out = torch.empty((x.shape[0], width), dtype=x.dtype, device=x.device)
         if x.shape[0]:
-            _forward_kernel[(x.shape[0],)](x, p, out, width, BLOCK=_block(width))
+            with _current(x.device):
+                _forward_kernel[(x.shape[0],)](x, p, out, width, BLOCK=_block(width))
         ctx.save_for_backward(x, p)
         ctx.shapes = (intermediate.shape, probs.shape)
         return out.view(*intermediate.shape[:-1], width)
@@ -81,7 +88,8 @@ class _SwigluTimesProbs(torch.autograd.Function):
         dx = torch.empty_like(x)
         dp = torch.empty_like(p)
         if x.shape[0]:
-            _backward_kernel[(x.shape[0],)](x, p, g, dx, dp, width, BLOCK=_block(width))
+            with _current(x.device):
+                _backward_kernel[(x.shape[0],)](x, p, g, dx, dp, width, BLOCK=_block(width))
         x_shape, p_shape = ctx.shapes
         return dx.view(x_shape), dp.view(p_shape)
 
