@@ -45,7 +45,7 @@ def _positive(cfg: TrainerConfig) -> dict[str, int]:
         sizes.update({f"{prefix}.{name}": getattr(par, name) for name in ("tp", "pp", "ep", "etp", "cp")})
         if par.vpp is not None:
             sizes[f"{prefix}.vpp"] = par.vpp
-    if cfg.ref.log_prob_micro_batch_size_per_device is not None:
+    if cfg.ref.log_prob_micro_batch_size_per_device is not None and cfg.uses_reference_model:
         sizes["ref.log_prob_micro_batch_size_per_device"] = cfg.ref.log_prob_micro_batch_size_per_device
     return sizes
 
@@ -117,7 +117,7 @@ def _pipeline_problems(cfg: TrainerConfig, *, dp: int) -> list[str]:
         for key, on in (
             ("actor.use_dynamic_bsz", cfg.actor.use_dynamic_bsz),
             ("actor.log_prob_use_dynamic_bsz", cfg.actor.log_prob_use_dynamic_bsz and policy_log_probs),
-            ("ref.log_prob_use_dynamic_bsz", cfg.ref.log_prob_use_dynamic_bsz),
+            ("ref.log_prob_use_dynamic_bsz", cfg.ref.log_prob_use_dynamic_bsz and cfg.uses_reference_model),
         )
         if on
     ]
@@ -131,7 +131,7 @@ def _pipeline_problems(cfg: TrainerConfig, *, dp: int) -> list[str]:
         ]
     rows = cfg.data.train_batch_size * cfg.rollout.n // dp  # one data-parallel rank's rows per step
     sizes = {"actor.log_prob_micro_batch_size_per_device": cfg.actor.log_prob_micro_batch_size_per_device} if policy_log_probs else {}
-    if cfg.ref.log_prob_micro_batch_size_per_device is not None:
+    if cfg.ref.log_prob_micro_batch_size_per_device is not None and cfg.uses_reference_model:
         sizes["ref.log_prob_micro_batch_size_per_device"] = cfg.ref.log_prob_micro_batch_size_per_device
     return [
         f"{key}={size} does not divide the {rows} rows each data-parallel rank computes log-probs for "
