@@ -60,7 +60,7 @@ NOT_INSTALLED: dict[str, tuple[str, ...]] = {
 # Distributions that may be declared in an extra only; everything else imported belongs in `dependencies`.
 OPTIONAL_STACKS = frozenset(
     re.sub(r"[-_.]+", "-", dist).lower() for dists in NOT_INSTALLED.values() for dist in dists
-)
+) | {"triton"}  # installed here (with torch's stack), imported only on CUDA by the Megatron backend's kernels
 IMPLIED: dict[str, tuple[str, ...]] = {"torch.utils.tensorboard": ("tensorboard",)}
 
 
