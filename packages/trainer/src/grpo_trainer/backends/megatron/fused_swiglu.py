@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from grpo_device import DeviceKind, torch_device_module
+
 
 @triton.jit
 def _forward_kernel(x_ptr, p_ptr, out_ptr, width, BLOCK: tl.constexpr):
@@ -57,7 +59,9 @@ def _backward_kernel(x_ptr, p_ptr, g_ptr, dx_ptr, dp_ptr, width, BLOCK: tl.const
 
 def _current(device: torch.device) -> contextlib.AbstractContextManager:
     """Triton launches on the current CUDA device, whatever the tensors' (CPU: the interpreter)."""
-    return torch.cuda.device(device) if device.type != "cpu" else contextlib.nullcontext()
+    if device.type == DeviceKind.CPU:
+        return contextlib.nullcontext()
+    return torch_device_module(device.type).device(device)
 
 
 def _block(width: int) -> int:
