@@ -110,7 +110,10 @@ class HFRolloutEngine:
         config = getattr(self.model, "config", None)
         return placeholder_ids(config) if config is not None else []
 
-    @torch.no_grad()
+    # Inference mode, not only no_grad: no version counters or view tracking on the decode loop's
+    # many small tensors (generate of 64 x 8 tokens on the tiny model, CPU: 108 -> 100 ms). Only
+    # Python lists leave it (ids, log-probs), so no inference tensor reaches a training pass.
+    @torch.inference_mode()
     def _generate_chunk(
         self,
         chunk: list[tuple[int, list[int]]],
