@@ -54,6 +54,10 @@ OUT_OF_RANGE = [
         "checkpoint.save_freq=0 is out of range: it must be -1 (only at the end) or >= 1",
     ),
     (["checkpoint.max_to_keep=0"], "checkpoint.max_to_keep=0 is out of range: it must be >= 1 or null"),
+    (
+        ["actor.use_kl_loss=false", "ref.log_prob_micro_batch_size_per_device=0"],
+        "ref.log_prob_micro_batch_size_per_device=0 must be a positive integer",
+    ),
     (["test_freq=0"], "test_freq=0 is out of range"),
     (["total_epochs=0"], "total_epochs=0 is out of range"),
     (["total_training_steps=0"], "total_training_steps=0 is out of range"),

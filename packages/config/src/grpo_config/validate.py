@@ -45,7 +45,7 @@ def _positive(cfg: TrainerConfig) -> dict[str, int]:
         sizes.update({f"{prefix}.{name}": getattr(par, name) for name in ("tp", "pp", "ep", "etp", "cp")})
         if par.vpp is not None:
             sizes[f"{prefix}.vpp"] = par.vpp
-    if cfg.ref.log_prob_micro_batch_size_per_device is not None and cfg.uses_reference_model:
+    if cfg.ref.log_prob_micro_batch_size_per_device is not None:
         sizes["ref.log_prob_micro_batch_size_per_device"] = cfg.ref.log_prob_micro_batch_size_per_device
     return sizes
 
