@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from grpo_trainer.hf_kernels import PACKED_KWARGS, _wrap_in_modules, chunk_size_for
+from grpo_trainer.hf_kernels import _wrap_in_modules, chunk_size_for, packed_boundaries
 
 _OWN = "__grpo_own_cpu__"
 
@@ -193,14 +193,10 @@ def chunk_gated_delta_rule(
     return out.transpose(1, 2).contiguous().to(dtype), state if output_final_state else None
 
 
-def _packed(kwargs: dict[str, Any]) -> bool:
-    return any(kwargs.get(name) is not None for name in PACKED_KWARGS)
-
-
 def _on_cpu(own: Callable[..., Any], wrapped: Callable[..., Any], *, needs_no_grad: bool) -> Callable[..., Any]:
     @functools.wraps(wrapped)
     def call(first: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if first.device.type != "cpu" or _packed(kwargs):
+        if first.device.type != "cpu" or packed_boundaries(kwargs) is not None:
             return wrapped(first, *args, **kwargs)
         if needs_no_grad and torch.is_grad_enabled():
             tensors = (first, *args, *kwargs.values())

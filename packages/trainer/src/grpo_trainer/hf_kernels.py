@@ -109,10 +109,16 @@ RECURRENT_RULE = "torch_recurrent_gated_delta_rule"
 PACKED_KWARGS = ("cu_seqlens", "cu_seq_lens_q")
 
 
+def packed_boundaries(kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The sequence boundaries a packed call carries (the first of `PACKED_KWARGS` set), or None."""
+    return next((kwargs[name] for name in PACKED_KWARGS if kwargs.get(name) is not None), None)
+
+
 def _pop_boundaries(kwargs: dict[str, Any]) -> torch.Tensor | None:
-    found = [kwargs.pop(name) for name in PACKED_KWARGS if name in kwargs]
-    found = [value for value in found if value is not None]
-    return found[0] if found else None
+    bounds = packed_boundaries(kwargs)
+    for name in PACKED_KWARGS:
+        kwargs.pop(name, None)
+    return bounds
 
 
 class _Layout:
