@@ -1,0 +1,198 @@
+"""Test support: the real Megatron backend over gloo on CPU processes, one process per rank.
+
+megatron-core and Megatron-Bridge assume CUDA in a handful of places that have nothing to do with
+the parallel layout under test. `apply_cpu_patches()` redirects exactly those, in the test
+processes only (product code refuses `actor.backend=megatron` on CPU; docs/LAYOUTS.md lists every
+patch and why):
+- `torch.cuda.current_device()` returns "cpu" and `Module.cuda()` is a no-op (parameter placement,
+  attention buffers, the bridge's `get_model`);
+- a torch function mode turns `device="cuda"` / `.cuda()` / `.to("cuda")` into the CPU (the
+  optimizer's scale tensors, clip-grad buffers) and answers `Tensor.type()` with the CUDA type name
+  (clip-grad asserts `torch.cuda.FloatTensor`);
+- CUDA streams are inert objects and `torch.cuda.synchronize` returns at once (DDP wrapping waits
+  on a stream; pipeline p2p synchronises after its sends);
+- the model-parallel RNG tracker neither records nor forks CUDA RNG states (no CUDA RNG; the
+  models have no dropout);
+- the all-to-all dispatcher's split sizes become numpy arrays, as its device-to-host copy makes
+  them on a GPU;
+- the Gated DeltaNet's q/k L2 norm is computed in torch (megatron-core takes FLA's Triton kernel;
+  the delta rule and convolution already run in torch with `deterministic_mode=True`);
+- the backend's CPU refusal and device set-up (`build._accelerator`, `build.init_distributed`): the
+  process group is the harness's own gloo group.
+
+`run_ranks()` starts `world_size` processes of a rank program and waits for them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+HERE = Path(__file__).resolve().parent
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class CudaOnCpu(TorchFunctionMode):
+    """Every tensor that asks for CUDA lands on the CPU."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return func(*args).replace("torch.", "torch.cuda.", 1)
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+class _InertStream:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _InertStream:
+        return self  # an event whose synchronize() returns at once
+
+
+def _torch_l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    # FLA's l2norm: x * rsqrt(sum(x^2) + eps) over the last dimension, accumulated in float32.
+    squares = x.float().pow(2).sum(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(squares + eps)).to(x.dtype)
+
+
+def _to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    # megatron-core moves the all-to-all split sizes off the GPU as numpy arrays; on the CPU it
+    # leaves them tensors, which the all-to-all binding refuses.
+    if torch.is_tensor(tensor) and as_numpy:
+        return tensor.numpy()
+    return tensor
+
+
+_PATCHED = False
+
+
+def apply_cpu_patches() -> None:
+    """Idempotent; call before building a Megatron model in this process."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    torch.cuda.current_device = lambda: "cpu"
+    torch.nn.Module.cuda = lambda self, device=None: self
+    torch.cuda.Stream = _InertStream
+    torch.cuda.current_stream = lambda *args, **kwargs: _InertStream()
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()
+    torch.cuda.synchronize = lambda device=None: None
+    CudaOnCpu().__enter__()
+
+    from megatron.core.tensor_parallel import random as tp_random
+
+    tp_random.CudaRNGStatesTracker.add = lambda self, name, seed: None
+    tp_random.CudaRNGStatesTracker.fork = contextlib.contextmanager(lambda self, name="model-parallel-rng": (yield))
+    import megatron.core.ssm.gated_delta_net.common as gdn_common
+    import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
+
+    token_dispatcher.maybe_move_tensor_to_cpu = _to_host
+
+    gdn_common.l2norm = _torch_l2norm
+
+    from grpo_device import DeviceKind
+    from grpo_trainer.backends.megatron import build
+
+    build._accelerator = lambda kind: DeviceKind.CPU
+
+    def _process_group_given(kind: Any) -> None:
+        assert torch.distributed.is_initialized(), "the harness starts the gloo process group"
+
+    build.init_distributed = _process_group_given
+    _PATCHED = True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_rank() -> tuple[int, int]:
+    """(rank, world size): the gloo process group from the variables `run_ranks` set."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.distributed.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+    )
+    return rank, world
+
+
+class RanksFailed(RuntimeError):
+    pass
+
+
+def run_ranks(program: Path, spec: dict[str, Any], *, world_size: int, out: Path, timeout_s: float = 900) -> list[dict]:
+    """Run `program spec.json` as `world_size` rank processes over gloo; each rank writes
+    `out/rank{R}.json`. Returns those results in rank order; raises `RanksFailed` with the failing
+    ranks' log tails when any rank fails or the run times out."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path = out / "spec.json"
+    spec_path.write_text(json.dumps({**spec, "out": str(out)}))
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        }
+        log = (out / f"rank{rank}.log").open("w")
+        procs.append(
+            subprocess.Popen([sys.executable, str(program), str(spec_path)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        )
+    deadline = time.monotonic() + timeout_s
+    failed = []
+    for rank, proc in enumerate(procs):
+        try:
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        if code != 0:
+            failed.append((rank, code))
+    if failed:
+        for proc in procs:
+            proc.kill()
+        tails = "\n".join(
+            f"--- rank {rank} ({code}):\n" + "\n".join((out / f"rank{rank}.log").read_text().splitlines()[-25:])
+            for rank, code in failed[:2]
+        )
+        raise RanksFailed(f"{len(failed)} of {world_size} ranks failed:\n{tails}")
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world_size)]
