@@ -32,7 +32,7 @@ from grpo_ckpt.dist_utils import all_gather_objects, barrier, rank_and_world
 from grpo_ckpt.errors import CheckpointCorruptError, CheckpointNotFoundError
 from grpo_ckpt.json_safe import json_safe
 from grpo_ckpt.rng import capture_rng
-from grpo_ckpt.structure import flatten_state, tensor_keys, unflatten_state
+from grpo_ckpt.structure import flatten_state, merge_skeletons, tensor_keys, unflatten_state
 
 log = structlog.get_logger()
 
@@ -97,7 +97,8 @@ class CheckpointManager:
     ) -> Path:
         """Write a complete checkpoint for `step` and point `latest` at it. Captures RNG itself.
 
-        Distributed: every rank calls this with its own shards (DTensors) of the same keys; rank 0's
+        Distributed: every rank calls this with its own shards (DTensors) of the same keys, or with
+        plain tensors under keys of its own (a Megatron model-parallel rank's shards); rank 0's
         trainer_state, dataloader_state, transformer_config and extra files are the ones written.
         `manifest_extra` is merged into manifest.json (e.g. keys an HF export skipped).
         """
@@ -118,7 +119,9 @@ class CheckpointManager:
 
         hashed: dict[str, mf.FileRecord] = {}  # files hashed while written
         for name, (skeleton, tensors) in flat.items():
-            hashed.update(self._save_component(step_dir / name, skeleton, tensors, write_structure=rank == 0))
+            # Ranks may each hold entries the others lack (a model-parallel rank's own shards).
+            merged = merge_skeletons(all_gather_objects(skeleton)) if world > 1 else skeleton
+            hashed.update(self._save_component(step_dir / name, merged, tensors, write_structure=rank == 0))
         (step_dir / "rng").mkdir(exist_ok=True)
         atomic_write_json(step_dir / "rng" / f"rank_{rank:05d}.json", capture_rng())
         if rank == 0:

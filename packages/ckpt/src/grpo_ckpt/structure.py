@@ -36,6 +36,32 @@ def unflatten_state(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return _decode(skeleton, tensors)
 
 
+def merge_skeletons(skeletons: list[Any]) -> Any:
+    """One skeleton of every rank's: dict entries only some ranks hold are all kept (a model-parallel
+    rank's own shards under a key of its own), entries several hold must agree. Raises ValueError at
+    the first disagreement."""
+    merged = skeletons[0]
+    for other in skeletons[1:]:
+        merged = _merge(merged, other, path=())
+    return merged
+
+
+def _merge(ours: Any, theirs: Any, *, path: tuple[Any, ...]) -> Any:
+    if isinstance(ours, dict) and isinstance(theirs, dict) and "__dict__" in ours and "__dict__" in theirs:
+        items = dict((_hashable(k), [k, v]) for k, v in ours["__dict__"])
+        for key, value in theirs["__dict__"]:
+            known = items.get(_hashable(key))
+            items[_hashable(key)] = [key, value if known is None else _merge(known[1], value, path=(*path, key))]
+        return {"__dict__": list(items.values())}
+    if ours != theirs:
+        raise ValueError(f"ranks saved different structures at {_where(path)}: {ours!r} vs {theirs!r}")
+    return ours
+
+
+def _hashable(key: Any) -> tuple[str, Any]:
+    return (type(key).__name__, key)  # 0 and "0" stay two keys
+
+
 def tensor_keys(skeleton: Any) -> list[str]:
     """Flat tensor keys a skeleton references, in encounter order."""
     found: list[str] = []
