@@ -72,12 +72,21 @@ def test_local_settings_map_every_option() -> None:
         "apply_rope_fusion": False,
         "gradient_accumulation_fusion": False,
         "parallel_output": True,
+        "batch_p2p_comm": True,
         "masked_softmax_fusion": False,
         "bias_activation_fusion": False,
         "bias_dropout_fusion": False,
         "persist_layer_norm": False,
         "cross_entropy_loss_fusion": False,
     }
+
+
+@pytest.mark.parametrize(("pp", "vpp", "batched"), [(2, 2, False), (2, None, True), (4, 2, True), (2, 1, True)])
+def test_two_stage_interleaved_pipeline_sends_unbatched(pp: int, vpp: int | None, batched: bool) -> None:
+    """PP2 x VPP2's batched p2p swaps activations and gradients between the two ranks (found by the
+    CPU layout tests: test_layouts.py)."""
+    settings = provider_settings(_cfg(LOCAL, ParallelConfig(pp=pp, vpp=vpp)), transformer_engine_available=False)
+    assert settings["batch_p2p_comm"] is batched
 
 
 def test_transformer_engine_settings_keep_fusions_and_vpp_of_one_is_none() -> None:

@@ -193,6 +193,7 @@ def provider_settings(
         "gradient_accumulation_fusion": mc.gradient_accumulation_fusion,
         # A training log-prob must be computed from the logits we hold, per vocab shard.
         "parallel_output": True,
+        "batch_p2p_comm": not _two_stage_interleaved(parallel),
     }
     if local:
         # The fused kernels below come from TE or apex; the local layers run without them.
@@ -204,6 +205,15 @@ def provider_settings(
             cross_entropy_loss_fusion=False,
         )
     return settings
+
+
+def _two_stage_interleaved(parallel: ParallelConfig) -> bool:
+    """PP=2 with virtual stages: the interleaved schedule's batched p2p then sends an activation and a
+    gradient of one shape between the same two ranks in one batch, which pairs them in post order,
+    swapped (Megatron-LM's own arguments refuse it; megatron-core does not check). Measured on CPU
+    ranks: wrong log-probs in the update's forward from the third micro-batch on. Unbatched p2p
+    (ordered sends and receives per rank parity) is exact there (docs/LAYOUTS.md)."""
+    return parallel.pp == 2 and (parallel.vpp or 1) > 1
 
 
 def optimizer_settings(cfg: TrainerConfig, *, megatron: MegatronConfig) -> dict[str, Any]:
