@@ -102,3 +102,14 @@ def test_differences_read_a_vision_language_checkpoint_through_its_text_config()
     other = {**vl, "text_config": {**text, "hidden_size": 128}}
     assert architecture_differences(other, vl) == {"hidden_size": {"yours": 128, "shipped": 64}}
     assert set(architecture_differences(text, vl)) == {"architectures", "model_type"}
+
+
+def test_an_unreadable_checkpoint_config_is_reported_by_the_plan_not_raised(tmp_path: Path) -> None:
+    shipped = _write(tmp_path / "shipped", _config())
+    broken = tmp_path / "ckpt"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    chosen = choose_plan_config(broken, shipped)
+    assert chosen.directory == broken and chosen.differences == {}
+    plan = plan_for_launch(_cfg(broken), device_bytes=None, architecture=shipped)
+    assert isinstance(plan, str) and "could not be counted" in plan and str(broken) in plan

@@ -81,7 +81,10 @@ def choose_plan_config(model_path: str | Path, architecture: Path | None) -> Pla
         }
         differences: dict[str, dict[str, Any]] = {}
         if architecture is not None and (architecture / "config.json").is_file():
-            differences = architecture_differences(read_config(checkpoint), read_config(architecture))
+            try:
+                differences = architecture_differences(read_config(checkpoint), read_config(architecture))
+            except (ValueError, OSError):  # unreadable: the plan's own count says why
+                differences = {}
             if differences:
                 description["differs_from_shipped"] = differences
                 description["shipped_path"] = str(architecture / "config.json")
