@@ -67,9 +67,18 @@ def dry_run(model: str, device: str, *extra: str, capsys: pytest.CaptureFixture[
     return out, yaml.safe_load(out)
 
 
+def portable(out: str, model: str) -> str:
+    """The shipped architecture config's path depends on where the package is installed: the
+    snapshot names it by package."""
+    shipped = PROFILES[model].architecture
+    assert shipped is not None and str(shipped) in out
+    return out.replace(str(shipped), f"<{shipped.parent.name}>/{shipped.name}")
+
+
 @pytest.mark.parametrize(("model", "device"), CASES)
 def test_dry_run_matches_snapshot(model: str, device: str, launch_env, capsys) -> None:
     out, _ = dry_run(model, device, capsys=capsys)
+    out = portable(out, model)
     golden = REPO / "packages/launchers" / PACKAGE_DIRS[model] / "tests/goldens" / f"dry_run_{device}.yaml"
     if os.environ.get("GRPO_UPDATE_GOLDENS") == "1":
         golden.parent.mkdir(parents=True, exist_ok=True)
@@ -420,3 +429,15 @@ def test_deep_merge_recurses_and_never_aliases() -> None:
     assert merged == {"a": {"b": 5, "c": [1]}, "d": 2, "e": {"f": 1}}
     merged["a"]["c"].append(2)
     assert base == {"a": {"b": 1, "c": [1]}, "d": 2}
+
+
+@pytest.mark.parametrize(("model", "total_gib"), [("35b", 65.51), ("122b", 228.51)])
+def test_dry_run_plans_the_shipped_model_whole_when_unsharded(model: str, total_gib: float, launch_env, capsys) -> None:
+    """No checkpoint at MODEL_PATH: the plan is the shipped config's, and with no model parallelism a
+    rank holds all of it (35.17 B / 122.68 B parameters in bf16); the profile's layout shards it."""
+    _, whole = dry_run(model, "gpu", "parallel.tp=1", "parallel.pp=1", "parallel.ep=1", capsys=capsys)
+    _, sharded = dry_run(model, "gpu", capsys=capsys)
+    assert whole["memory_plan"]["model_config"]["path"] == str(PROFILES[model].architecture / "config.json")
+    assert whole["memory_plan"]["training_gib"]["weights"] == pytest.approx(total_gib, abs=0.01)
+    assert whole["memory_plan"]["training_gib"]["gradients"] == pytest.approx(2 * total_gib, abs=0.02)
+    assert sharded["memory_plan"]["training_gib"]["weights"] < total_gib / 5

@@ -202,3 +202,64 @@ def test_an_oversized_launch_is_refused_before_it_starts_with_the_numbers(launch
     assert main(["--device", "gpu", "--output-dir", str(tmp_path / "o"), "device.memory_gib=1000"]) == 2
     err = capsys.readouterr().err
     assert "memory plan needs" not in err and "data files missing" in err
+
+
+def _dry_run_plan(main, tmp_path: Path, capsys) -> tuple[dict, list[dict]]:
+    assert main(["--dry-run", "--device", "gpu", "--output-dir", str(tmp_path / "o")]) == 0
+    captured = capsys.readouterr()
+    events = [json.loads(line) for line in captured.err.splitlines() if line.strip().startswith("{")]
+    return yaml.safe_load(captured.out.split("\n", 1)[1])["memory_plan"], events
+
+
+def test_a_checkpoint_of_another_architecture_wins_and_the_difference_is_said(launch_env, tmp_path: Path, capsys) -> None:
+    """MODEL_PATH holds a 30B-class Qwen3.5-MoE text config (128 experts, 48 layers): the plan is
+    counted from it, and the dry run names every value that differs from the 35B's shipped config."""
+    from grpo_launch_qwen35_35b import PROFILE, main
+
+    plan, events = _dry_run_plan(main, tmp_path, capsys)
+    source = plan["model_config"]
+    assert source["path"] == str(launch_env / "config.json") and source["source"].startswith("your checkpoint")
+    assert source["shipped_path"] == str(PROFILE.architecture / "config.json")
+    differs = source["differs_from_shipped"]
+    assert differs["num_experts"] == {"yours": 128, "shipped": 256}
+    assert differs["num_hidden_layers"] == {"yours": 48, "shipped": 40}
+    assert differs["vocab_size"] == {"yours": 151936, "shipped": 248320}
+    assert differs["architectures"]["shipped"] == ["Qwen3_5MoeForConditionalGeneration"]
+    warnings = [e["warning"] for e in events if e["event"] == "check the model"]
+    assert len(warnings) == 1 and "not Qwen/Qwen3.5-35B-A3B's architecture" in warnings[0]
+    assert "num_experts: yours 128, Qwen/Qwen3.5-35B-A3B 256" in warnings[0]
+    # The numbers are the checkpoint's: its counts, not the shipped model's.
+    counts = model_counts(launch_env)
+    tp, ep = 2, 8
+    assert plan["training_gib"]["weights"] == pytest.approx(
+        2 * (counts.layers * (counts.layer_dense / tp + counts.layer_experts / ep) + (counts.embedding + counts.output) / tp + counts.other) / GIB, abs=0.01
+    )
+
+
+def test_the_published_architecture_at_model_path_plans_as_the_shipped_one_without_warning(
+    launch_env, tmp_path: Path, capsys
+) -> None:
+    """A downloaded checkpoint of the launcher's own model: its config.json is the one counted, the
+    numbers equal the shipped plan's (the goldens'), and nothing is flagged."""
+    import shutil
+
+    from grpo_launch_qwen35_35b import PROFILE, main
+
+    shutil.copy(PROFILE.architecture / "config.json", launch_env / "config.json")
+    plan, events = _dry_run_plan(main, tmp_path, capsys)
+    assert plan["model_config"] == {"path": str(launch_env / "config.json"), "source": "your checkpoint (actor.model_path)"}
+    assert not [e for e in events if e["event"] == "check the model"]
+    golden = yaml.safe_load(
+        (REPO / "packages/launchers/qwen35_35b/tests/goldens/dry_run_gpu.yaml").read_text().split("\n", 1)[1]
+    )["memory_plan"]
+    assert plan["training_gib"] == golden["training_gib"]
+
+
+def test_a_launch_on_another_architecture_warns_before_it_goes_on(launch_env, tmp_path: Path, capsys) -> None:
+    from grpo_launch_qwen35_35b import main
+
+    assert main(["--device", "gpu", "--output-dir", str(tmp_path / "o"), "device.memory_gib=1000"]) == 2
+    err = capsys.readouterr().err
+    events = [json.loads(line) for line in err.splitlines() if line.strip().startswith("{")]
+    assert any(e["event"] == "check the model" and "num_experts" in e["warning"] for e in events)
+    assert "data files missing" in err  # not refused for it: the launch went on to the next check

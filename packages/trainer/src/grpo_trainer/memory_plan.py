@@ -1,8 +1,9 @@
 """The device memory a run needs, per rank, before it starts: what `--dry-run` prints and what a
 launch that cannot fit refuses with.
 
-Parameters are counted exactly: the checkpoint's config.json instantiated by transformers on the
-meta device (no memory), each tensor sorted into embedding, output layer, vision tower, routed
+Parameters are counted exactly: the checkpoint's config.json (before the checkpoint is downloaded:
+the published architecture config the launcher ships, `plan_config`) instantiated by transformers
+on the meta device (no memory), each tensor sorted into embedding, output layer, vision tower, routed
 experts or the rest of its decoder layer. They are spread as the Megatron backend spreads them:
 decoder layers over pipeline stages (the first stage also holds the embedding and the vision
 tower, the last the output layer; the larger of the two is the rank planned for), dense weights
@@ -31,15 +32,18 @@ plan").
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpo_config.schema import TrainerConfig
+from grpo_trainer.plan_config import choose_plan_config
 
 GIB = 2**30
 CONTEXT_BYTES = int(1.5 * GIB)
@@ -84,7 +88,10 @@ def model_counts(model_path: str | Path) -> ModelCounts:
     raw = json.loads((Path(model_path) / "config.json").read_text())
     config = AutoConfig.from_pretrained(model_path)
     vision_language = "vision_config" in raw
-    with torch.device("meta"):
+    # Building the model imports its modelling code, whose kernels libraries warn about the machine
+    # (flash-linear-attention: "Triton is not supported"); nothing here runs a kernel.
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         model = (AutoModelForImageTextToText if vision_language else AutoModelForCausalLM).from_config(config)
     text = _text_config(raw)
     layers = int(text["num_hidden_layers"])
@@ -134,6 +141,7 @@ class MemoryPlan:
     training: dict[str, int]
     rollout: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    model_config: dict[str, Any] = field(default_factory=dict)  # which config.json was counted
 
     @property
     def training_peak(self) -> int:
@@ -154,6 +162,7 @@ class MemoryPlan:
     def to_dict(self) -> dict[str, Any]:
         gib = lambda n: round(n / GIB, 2)  # noqa: E731
         return {
+            **({"model_config": dict(self.model_config)} if self.model_config else {}),
             "device_gib": None if self.device_bytes is None else gib(self.device_bytes),
             "training_gib": {**{k: gib(v) for k, v in self.training.items()}, "total": gib(self.training_peak)},
             "rollout_gib": {**{k: gib(v) for k, v in self.rollout.items()}, "total": gib(self.rollout_peak)},
@@ -265,15 +274,21 @@ def plan_memory(cfg: TrainerConfig, counts: ModelCounts, *, device_bytes: int | 
     return MemoryPlan(device_bytes=device_bytes, training=training, rollout=rollout, notes=notes)
 
 
-def plan_for_launch(cfg: TrainerConfig, *, device_bytes: int | None) -> MemoryPlan | str:
+def plan_for_launch(
+    cfg: TrainerConfig, *, device_bytes: int | None, architecture: Path | None = None
+) -> MemoryPlan | str:
     """The plan for `cfg` (device memory: `device.memory_gib`, else `device_bytes`), or why there is
-    none (no config.json at actor.model_path)."""
-    if not (Path(cfg.actor.model_path) / "config.json").is_file():
+    none. Counted from the config.json at actor.model_path; while that has none, from `architecture`
+    (a directory holding the model's published config.json, handed down by the launcher), and the
+    plan says which one it used (`grpo_trainer.plan_config`)."""
+    chosen = choose_plan_config(cfg.actor.model_path, architecture)
+    if chosen.directory is None:
         return f"no config.json at actor.model_path={cfg.actor.model_path}: memory not planned"
     if cfg.device.memory_gib is not None:
         device_bytes = int(cfg.device.memory_gib * GIB)
     try:
-        counts = model_counts(cfg.actor.model_path)
+        counts = model_counts(str(chosen.directory))
     except (ValueError, KeyError, OSError) as exc:  # a config transformers cannot build
-        return f"the model config at {cfg.actor.model_path} could not be counted ({type(exc).__name__}: {exc}): memory not planned"
-    return plan_memory(cfg, counts, device_bytes=device_bytes)
+        return f"the model config at {chosen.directory} could not be counted ({type(exc).__name__}: {exc}): memory not planned"
+    plan = plan_memory(cfg, counts, device_bytes=device_bytes)
+    return dataclasses.replace(plan, model_config=chosen.description)

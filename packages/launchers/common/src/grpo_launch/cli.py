@@ -22,7 +22,7 @@ from grpo_launch.dry_run import render_dry_run
 from grpo_launch.logging_setup import LOG_LEVELS, configure_logging, worker_runtime_env
 from grpo_launch.plan import TINY_PRESETS, LaunchPlan, device_from_cli, plan_full, plan_tiny
 from grpo_launch.profile import DEVICE_KINDS, LaunchProfile
-from grpo_launch.steps import preflight_problems, run_common_steps
+from grpo_launch.steps import preflight_problems, preflight_warnings, run_common_steps
 
 log = structlog.get_logger()
 
@@ -93,6 +93,8 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
             sys.stdout.write(render_dry_run(plan, environ=os.environ))
             for problem in preflight_problems(plan):
                 log.warning("a real launch would stop here", problem=problem)
+            for warning in preflight_warnings(plan):
+                log.warning("check the model", warning=warning)
             return 0
         run_common_steps(plan)
     except ValueError as exc:  # LaunchError, grpo_config.ConfigError and bad environment values

@@ -49,6 +49,7 @@ class LaunchPlan:
     env: Mapping[str, str]  # the device's EnvProfile with the launcher's deltas; applied without clobbering
     output_dir: Path
     data: DataPlan | None  # None for the tiny preset (it builds its own task)
+    architecture: Path | None = None  # the profile's shipped config.json directory (LaunchProfile)
 
     @property
     def world_size(self) -> int:
@@ -114,6 +115,7 @@ def plan_full(
         env=env_profile_vars(device, profile.env_for(device)),
         output_dir=out,
         data=data,
+        architecture=profile.architecture,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from grpo_device import DeviceKind
@@ -67,6 +68,9 @@ class LaunchProfile:
     num_experts: int | None  # routed experts per MoE layer; checked against expert parallelism
     common: Mapping[str, Any]
     devices: Mapping[str, DeviceDelta]
+    # The directory of the model's published config.json (architecture only, no weights), shipped as
+    # the launcher package's data: the memory plan counts it while actor.model_path has no checkpoint.
+    architecture: Path | None = None
     # The profile carries the seed verl recipe's values; each deliberate difference is listed here,
     # dotted grpo key -> the reason (tests/test_profiles_match_recipes.py holds them to it).
     recipe_differences: Mapping[str, str] = field(default_factory=dict)

@@ -4,7 +4,7 @@ data when it is missing from the default location, drop proxy variables, apply t
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,13 @@ def preflight_problems(plan: LaunchPlan) -> list[str]:
     return [p for p in problems if p]
 
 
+def preflight_warnings(plan: LaunchPlan) -> list[str]:
+    """What a real launch would warn about but run with (a checkpoint of another architecture)."""
+    if plan.preset in TINY_PRESETS:
+        return []
+    return architecture_warnings(memory_plan(plan).get("model_config", {}), model_id=plan.model_id)
+
+
 def memory_plan(plan: LaunchPlan) -> dict[str, Any]:
     """The dry run's memory plan of a full launch (device size: device.memory_gib; the launch
     itself reads the device), with `refused` when it does not fit."""
@@ -59,7 +66,7 @@ def memory_plan(plan: LaunchPlan) -> dict[str, Any]:
 
     if plan.preset in TINY_PRESETS:
         return {"skipped": "the tiny presets build their model at launch"}
-    memory = plan_for_launch(plan.config, device_bytes=None)
+    memory = plan_for_launch(plan.config, device_bytes=None, architecture=plan.architecture)
     if isinstance(memory, str):
         return {"skipped": memory}
     out = memory.to_dict()
@@ -67,6 +74,20 @@ def memory_plan(plan: LaunchPlan) -> dict[str, Any]:
         out["notes"].append("fit checked at launch against the device (or set device.memory_gib)")
     refusal = memory.refusal()
     return {**out, **({"refused": refusal} if refusal else {})}
+
+
+def architecture_warnings(model_config: Mapping[str, Any], *, model_id: str) -> list[str]:
+    """A checkpoint whose architecture differs from the model the profile was made for: said, not
+    refused (a fine-tune or a sibling model may be meant), with each differing value."""
+    differences = model_config.get("differs_from_shipped") or {}
+    if not differences:
+        return []
+    listing = "; ".join(f"{key}: yours {d['yours']}, {model_id} {d['shipped']}" for key, d in differences.items())
+    return [
+        f"the checkpoint at {model_config['path']} is not {model_id}'s architecture ({listing}). The memory "
+        f"plan counts your checkpoint; the launcher's parallel sizes and batch settings were chosen for "
+        f"{model_id}: check them, or point MODEL_PATH at {model_id}."
+    ]
 
 
 def ensure_data(data: DataPlan) -> None:
@@ -109,11 +130,13 @@ def check_memory_plan(plan: LaunchPlan, environ: MutableMapping[str, str]) -> No
     device_bytes = None
     if plan.device != "cpu" and not environ.get("RAY_ADDRESS"):
         device_bytes = grpo_device.total_memory_bytes(DEVICE_KINDS[plan.device])
-    memory = plan_for_launch(plan.config, device_bytes=device_bytes)
+    memory = plan_for_launch(plan.config, device_bytes=device_bytes, architecture=plan.architecture)
     if isinstance(memory, str):
         log.warning("memory plan", skipped=memory)
         return
     log.info("memory plan", **memory.to_dict())
+    for warning in architecture_warnings(memory.model_config, model_id=plan.model_id):
+        log.warning("check the model", warning=warning)
     refusal = memory.refusal()
     if refusal:
         raise LaunchError(refusal)

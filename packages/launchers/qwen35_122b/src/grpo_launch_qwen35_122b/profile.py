@@ -12,6 +12,8 @@ steps, test every 10, 20 epochs; collectives may wait 3 hours (the first HF load
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from grpo_launch import DeviceDelta, LaunchProfile
 from grpo_launch.profile import MINDSPEED_OPTIONS
 
@@ -83,6 +85,8 @@ PROFILE = LaunchProfile(
     model_id="Qwen/Qwen3.5-122B-A10B",
     dataset="geo3k",
     num_experts=256,
+    # The published config.json (no weights): the dry run plans memory from it before a download.
+    architecture=Path(__file__).with_name("architecture"),
     common=COMMON,
     devices={
         "gpu": DeviceDelta(

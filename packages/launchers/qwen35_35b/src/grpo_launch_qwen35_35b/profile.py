@@ -12,6 +12,8 @@ Qwen3.5's Gated DeltaNet layers had no packed-sequence support in the Megatron t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from grpo_launch import DeviceDelta, LaunchProfile
 from grpo_launch.profile import MINDSPEED_OPTIONS
 
@@ -81,6 +83,8 @@ PROFILE = LaunchProfile(
     model_id="Qwen/Qwen3.5-35B-A3B",
     dataset="geo3k",
     num_experts=256,
+    # The published config.json (no weights): the dry run plans memory from it before a download.
+    architecture=Path(__file__).with_name("architecture"),
     common=COMMON,
     devices={
         "gpu": DeviceDelta(
