@@ -44,6 +44,7 @@ from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.metrics import MetricsLogger, plot_metrics
 from grpo_trainer.policy_workers import PolicyWorkers, process_count
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
+from grpo_trainer.resume_layout import LAYOUT_KEY, check_resume_layout, checkpoint_layout
 from grpo_trainer.reward_shaping import KLController, kl_reward_penalty, overlong_penalty
 from grpo_trainer.rewards import RewardManager, RewardResult
 from grpo_trainer.rollout_correction import RolloutCorrection, mismatch_metrics
@@ -550,6 +551,7 @@ class _Run:
             "rewards": {str(k): v for k, v in self.reward_history.items()},
             "metrics": metrics,
             "kl_controller": self.kl_controller.state_dict(),
+            LAYOUT_KEY: checkpoint_layout(self.cfg),
         }
         # The prompts of a generation in flight are drawn again after a resume.
         in_flight = self.next_round.sampler_state if self.next_round is not None else None
@@ -594,7 +596,11 @@ def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) 
     `checkpoint.dir`, if any). A worker that raises, dies or outlives its phase's `timeouts.*`
     limit stops the run with `WorkerError`. `ray_runtime_env` is the Ray job's runtime env when
     this call starts Ray (the launchers' logging set-up for every worker: `logging.level`)."""
+    from grpo_ckpt import CheckpointManager
+
     wall_start = time.perf_counter()
+    # Before anything heavy: a Megatron checkpoint resumes only at the sizes it was saved at.
+    check_resume_layout(cfg, CheckpointManager(cfg.checkpoint.dir).resolve_resume(cfg.checkpoint.resume))
     run = _Run(cfg)
     cpus = (os.cpu_count() or 1) if resolve_device_kind(cfg) is DeviceKind.CPU else None
     processes = process_count(cfg)

@@ -48,8 +48,26 @@ def preflight_problems(plan: LaunchPlan) -> list[str]:
     """What a real launch of `plan` would stop on (the tiny preset builds its own model and data)."""
     if plan.preset in TINY_PRESETS or plan.data is None:
         return []
-    problems = [model_problem(plan), data_problem(plan.data, will_prepare=True), memory_plan(plan).get("refused")]
+    problems = [
+        model_problem(plan),
+        data_problem(plan.data, will_prepare=True),
+        memory_plan(plan).get("refused"),
+        resume_problem(plan),
+    ]
     return [p for p in problems if p]
+
+
+def resume_problem(plan: LaunchPlan) -> str | None:
+    """A resume the checkpoint cannot serve (other Megatron model-parallel sizes), said before launch."""
+    from grpo_ckpt import CheckpointManager
+    from grpo_trainer.resume_layout import resume_layout_problem
+
+    ckpt = plan.config.checkpoint
+    try:
+        step_dir = CheckpointManager(ckpt.dir).resolve_resume(ckpt.resume)
+    except ValueError as exc:  # an explicit resume path that is no checkpoint
+        return str(exc)
+    return resume_layout_problem(plan.config, step_dir) if step_dir is not None else None
 
 
 def preflight_warnings(plan: LaunchPlan) -> list[str]:
@@ -143,9 +161,13 @@ def check_memory_plan(plan: LaunchPlan, environ: MutableMapping[str, str]) -> No
 
 
 def run_common_steps(plan: LaunchPlan, *, environ: MutableMapping[str, str] | None = None) -> None:
-    """Every device, in order: device check, model check, data, proxies, environment profile."""
+    """Every device, in order: device check, resume layout, model check, data, proxies, environment
+    profile."""
     environ = os.environ if environ is None else environ
     check_device_usable(plan, environ)
+    resume = resume_problem(plan)
+    if resume:
+        raise LaunchError(resume)
     if plan.preset == "full":
         problem = model_problem(plan)
         if problem:

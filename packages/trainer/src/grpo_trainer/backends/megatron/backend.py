@@ -260,11 +260,33 @@ class MegatronBackend:
             vision_language_source=self.policy.vision_language_source,
         )
 
+    def shard_name(self) -> str:
+        """This rank's model-parallel shard: ranks that differ only in their data-parallel rank hold
+        the same one. A checkpoint keys each rank's state by it (every shard is saved)."""
+        mpu = self._mpu
+        coordinates = (
+            ("tp", mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()),
+            ("pp", mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()),
+            ("ep", mpu.get_expert_model_parallel_rank(), mpu.get_expert_model_parallel_world_size()),
+            ("etp", mpu.get_expert_tensor_parallel_rank(), mpu.get_expert_tensor_parallel_world_size()),
+        )
+        return "_".join(f"{name}{rank}of{size}" for name, rank, size in coordinates)
+
     def state_dict(self) -> dict[str, Any]:
-        return policy_state(self.model, self.optimizer)
+        state = policy_state(self.model, self.optimizer)
+        return {part: {self.shard_name(): value} for part, value in state.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_policy_state(self.model, self.optimizer, state)
+        own = self.shard_name()
+        saved = sorted(state["model"])
+        if own not in state["model"]:
+            raise ValueError(
+                f"the checkpoint holds the Megatron shards {saved[:4]}{' ...' if len(saved) > 4 else ''}, "
+                f"not this rank's {own}: it was saved at other tensor/pipeline/expert parallel sizes. "
+                "Resume with the sizes it was saved with, or start from its HF export "
+                "(actor.model_path=<step>/huggingface, checkpoint.resume=none: the optimizer state starts anew)"
+            )
+        load_policy_state(self.model, self.optimizer, {part: value[own] for part, value in state.items()})
         # The loaded parameter groups carry the settings they were saved with (fused or not).
         use_fused_torch_adam(self.optimizer)
 
