@@ -89,6 +89,15 @@ def test_two_stage_interleaved_pipeline_sends_unbatched(pp: int, vpp: int | None
     assert settings["batch_p2p_comm"] is batched
 
 
+def test_allgather_dispatcher_over_expert_parallel_ranks_is_refused() -> None:
+    """Found by the CPU layout runs: EP2 x DP2 with allgather gathers unequal token counts."""
+    allgather = replace(LOCAL, moe_token_dispatcher_type="allgather")
+    with pytest.raises(ValueError, match="use alltoall"):
+        provider_settings(_cfg(allgather, ParallelConfig(ep=2)), transformer_engine_available=False)
+    tp_only = ParallelConfig(tp=2, sequence_parallel=True)
+    assert provider_settings(_cfg(allgather, tp_only), transformer_engine_available=False)["tensor_model_parallel_size"] == 2
+
+
 def test_transformer_engine_settings_keep_fusions_and_vpp_of_one_is_none() -> None:
     megatron = MegatronConfig(moe_z_loss_coeff=0.01, apply_rope_fusion=True)
     settings = provider_settings(

@@ -166,6 +166,15 @@ def provider_settings(
             "actor.megatron.moe_permute_fusion on the local layers (grpo's own permutation) needs "
             f"moe_token_dispatcher_type=alltoall, got {mc.moe_token_dispatcher_type!r}: set one of the two"
         )
+    if mc.moe_token_dispatcher_type == "allgather" and parallel.ep > 1:
+        # Its all-gather over an expert-parallel group needs the same token count on every rank of
+        # the group, and those ranks hold different data-parallel rows, each micro-batch as long as
+        # its own rows (measured on CPU ranks: gloo refuses the sizes; NCCL would fail or misread).
+        raise ValueError(
+            "actor.megatron.moe_token_dispatcher_type=allgather with parallel.ep > 1 gathers tokens of "
+            "micro-batches of different lengths over the expert-parallel ranks; use alltoall (the "
+            "launchers' setting) or parallel.ep=1"
+        )
     settings: dict[str, Any] = {
         "tensor_model_parallel_size": parallel.tp,
         "pipeline_model_parallel_size": parallel.pp,
