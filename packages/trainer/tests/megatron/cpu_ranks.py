@@ -13,6 +13,8 @@ patch and why):
   on a stream; pipeline p2p synchronises after its sends);
 - the model-parallel RNG tracker neither records nor forks CUDA RNG states (no CUDA RNG; the
   models have no dropout);
+- `all_gather` of unequal sizes (expert tensor parallelism gathers each rank's routed tokens) is
+  padded to the largest, as gloo gathers equal sizes only;
 - the all-to-all dispatcher's split sizes become numpy arrays, as its device-to-host copy makes
   them on a GPU;
 - the Gated DeltaNet's q/k L2 norm is computed in torch (megatron-core takes FLA's Triton kernel;
@@ -93,6 +95,27 @@ def _to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -
     return tensor
 
 
+def _uneven_all_gather(all_gather: Any) -> Any:
+    """gloo's all_gather wants equal sizes; NCCL's takes outputs of different first dimensions
+    (megatron-core gathers the tokens of an expert-tensor-parallel group so). Unequal ones are
+    padded to the largest, gathered, and cut back."""
+
+    def gather(outputs: list, tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
+        sizes = {tuple(t.shape) for t in outputs} | {tuple(tensor.shape)}
+        if len(sizes) == 1 or async_op:
+            return all_gather(outputs, tensor, group=group, async_op=async_op)
+        longest = max(t.shape[0] for t in outputs)
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        buffers = [torch.empty_like(padded) for _ in outputs]
+        all_gather(buffers, padded, group=group)
+        for out, buffer in zip(outputs, buffers, strict=True):
+            out.copy_(buffer[: out.shape[0]])
+        return None
+
+    return gather
+
+
 _PATCHED = False
 
 
@@ -108,6 +131,7 @@ def apply_cpu_patches() -> None:
     torch.cuda.stream = lambda stream: contextlib.nullcontext()
     torch.cuda.synchronize = lambda device=None: None
     CudaOnCpu().__enter__()
+    torch.distributed.all_gather = _uneven_all_gather(torch.distributed.all_gather)
 
     from megatron.core.tensor_parallel import random as tp_random
 

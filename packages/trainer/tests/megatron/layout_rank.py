@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import cpu_ranks
+import torch
 
 ROWS, SEQ, VOCAB = 8, 32, 512
 
@@ -65,7 +64,7 @@ def layout_config(spec: dict[str, Any]) -> Any:
         moe_aux_loss_coeff=0.0,
         use_distributed_optimizer=spec.get("distributed_optimizer", False),
         # megatron-core's torch Gated DeltaNet (FLA's kernels are Triton: no CPU).
-        override_transformer_config={"deterministic_mode": True},
+        override_transformer_config={"deterministic_mode": True, **spec.get("overrides", {})},
         # Adam's first step moves each weight by lr * g / (|g| + eps): with the default eps an element
         # whose gradient is ~1e-8 turns a rounding difference into a 5e-5 weight difference (seen at
         # TP2). A larger eps keeps the step proportional to such small gradients (docs/LAYOUTS.md).
@@ -122,12 +121,75 @@ def _compare(ours: dict[str, torch.Tensor], reference_file: Path) -> dict[str, A
     }
 
 
+def _first_update(
+    spec: dict[str, Any], backend: Any, actor: Any, batch: Any, result: dict, tensors: dict, *, out: Path,
+    reference: Path | None, rank: int
+) -> None:
+    before = _weights(backend)
+    if reference is None and rank == 0:
+        torch.save(before, out / "weights_before.pt")
+    elif reference is not None:
+        result["weights_before"] = _compare(before, reference / "weights_before.pt")
+
+    log_probs = actor.log_probs(batch)["log_probs"]
+    tensors["log_probs"] = log_probs
+    metrics = actor.update_mini_batch(dataclasses.replace(batch, old_log_probs=log_probs), lr=1e-3)
+    result["metrics"] = metrics
+
+    after = _weights(backend)
+    if reference is None and rank == 0:
+        torch.save(after, out / "weights_after.pt")
+    elif reference is not None:
+        result["weights_after"] = _compare(after, reference / "weights_after.pt")
+    tensors["log_probs_after"] = actor.log_probs(batch)["log_probs"]
+
+    report = backend.export_hf(str(out / "export"), strict=True)
+    if report is not None:
+        result["export"] = report.to_manifest()
+    if spec.get("checkpoint"):
+        _save(actor, out / "ckpt")
+        _second_update(actor, batch, result, tensors)
+
+
+def _save(actor: Any, root: Path) -> None:
+    """As `PolicyWorker.save_checkpoint` saves: model, optimizer and scheduler through grpo_ckpt."""
+    from grpo_ckpt import CheckpointManager
+
+    state = actor.state_dict()
+    CheckpointManager(root).save(
+        1, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"],
+        trainer_state={"global_step": 1},
+    )
+
+
+def _second_update(actor: Any, batch: Any, result: dict, tensors: dict) -> None:
+    log_probs = actor.log_probs(batch)["log_probs"]
+    tensors["log_probs_second"] = log_probs
+    result["metrics_second"] = actor.update_mini_batch(dataclasses.replace(batch, old_log_probs=log_probs), lr=1e-3)
+    tensors["weights_second"] = _weights(actor.backend)
+
+
+def _resume(spec: dict[str, Any], actor: Any, batch: Any, result: dict, tensors: dict) -> None:
+    """Load the checkpoint another run saved after its first update (as `PolicyWorker.load_checkpoint`
+    does), then its second update; a refusal is recorded, not raised."""
+    from grpo_ckpt import CheckpointManager
+
+    path = Path(spec["resume"])
+    loaded = CheckpointManager(path.parent).load(path)
+    try:
+        actor.load_state_dict({"model": loaded.model, "optimizer": loaded.optimizer, "scheduler": loaded.scheduler})
+    except ValueError as exc:
+        result["refused"] = str(exc)
+        return
+    _second_update(actor, batch, result, tensors)
+
+
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out"])
     reference = Path(spec["reference"]) if spec.get("reference") else None
     cpu_ranks.apply_cpu_patches()
-    rank, world = cpu_ranks.init_rank()
+    rank, _ = cpu_ranks.init_rank()
     torch.manual_seed(0)
     from megatron.core import parallel_state as mpu
 
@@ -147,28 +209,11 @@ def main(spec_path: str) -> None:
     }
     tensors: dict[str, Any] = {}
 
-    before = _weights(backend)
-    if reference is None and rank == 0:
-        torch.save(before, out / "weights_before.pt")
-    elif reference is not None:
-        result["weights_before"] = _compare(before, reference / "weights_before.pt")
-
     batch = _rows_of(layout_batch(), backend.dp_rank, backend.dp_size)
-    log_probs = actor.log_probs(batch)["log_probs"]
-    tensors["log_probs"] = log_probs
-    metrics = actor.update_mini_batch(dataclasses.replace(batch, old_log_probs=log_probs), lr=1e-3)
-    result["metrics"] = metrics
-
-    after = _weights(backend)
-    if reference is None and rank == 0:
-        torch.save(after, out / "weights_after.pt")
-    elif reference is not None:
-        result["weights_after"] = _compare(after, reference / "weights_after.pt")
-    tensors["log_probs_after"] = actor.log_probs(batch)["log_probs"]
-
-    report = backend.export_hf(str(out / "export"), strict=True)
-    if report is not None:
-        result["export"] = report.to_manifest()
+    if spec.get("resume"):
+        _resume(spec, actor, batch, result, tensors)
+    else:
+        _first_update(spec, backend, actor, batch, result, tensors, out=out, reference=reference, rank=rank)
     torch.save(tensors, out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps(result, default=str))
     torch.distributed.barrier()

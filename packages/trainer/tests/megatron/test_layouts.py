@@ -1,0 +1,195 @@
+"""Every parallel layout against world size 1, on the same HF weights, in float32, on CPU ranks.
+
+The Megatron backend as `train()` builds it (Megatron-Bridge provider from a Qwen3.5-MoE HF
+checkpoint, grpo's local spec: 3 Gated DeltaNet + 1 attention layer, 8 experts top 2, the
+launchers' all-to-all dispatcher) runs as one process per rank over gloo (`cpu_ranks`: the CUDA
+stand-ins live there, in the tests only). Per layout: the weights every rank would push to a
+rollout engine, log-probs, one update's loss and grad norm, the weights after it, and the strict
+HF export, each compared with the world-size-1 run. The numbers go into docs/LAYOUTS.md.
+"""
+
+from __future__ import annotations
+
+import glob
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from grpo_trainer.backends.megatron import megatron_available
+
+pytestmark = [
+    pytest.mark.megatron,
+    pytest.mark.slow,
+    pytest.mark.skipif(not megatron_available(), reason="megatron-bridge is not installed"),
+]
+
+sys.path.insert(0, str(Path(__file__).parent))
+import cpu_ranks  # noqa: E402
+import tiny_hf  # noqa: E402
+
+PROGRAM = Path(__file__).parent / "layout_rank.py"
+TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    parallel: dict[str, int]
+    world_size: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+LAYOUTS = [
+    Layout("tp2_sp", {"tp": 2}, 2),
+    Layout("pp2", {"pp": 2}, 2),
+    Layout("pp2_vpp2", {"pp": 2, "vpp": 2}, 2),
+    Layout("ep2_dp2", {"ep": 2}, 2),
+    Layout("ep2_dp2_distributed_optimizer", {"ep": 2}, 2, {"distributed_optimizer": True}),
+    # Also saves a checkpoint after its update and updates once more (the resume tests' reference).
+    Layout("tp2_ep2_grouped_experts", {"tp": 2, "ep": 2}, 4, {"grouped_experts": True, "checkpoint": True}),
+    Layout("ep2_etp2", {"ep": 2, "etp": 2}, 4),
+    Layout("tp2_pp2_ep2", {"tp": 2, "pp": 2, "ep": 2}, 8, {"distributed_optimizer": True}),
+]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = tiny_hf.qwen35_moe_config()
+    return tiny_hf.save_random_model(config, tmp_path_factory.mktemp("layout") / "hf", dtype=torch.float32)
+
+
+def _run(model_path: Path, layout: Layout, out: Path, reference: Path | None) -> dict[str, Any]:
+    spec = {"model_path": str(model_path), "parallel": layout.parallel, **layout.extra}
+    if reference is not None:
+        spec["reference"] = str(reference)
+    ranks = cpu_ranks.run_ranks(PROGRAM, spec, world_size=layout.world_size, out=out)
+    tensors = [torch.load(out / f"rank{r['rank']}.pt") for r in ranks]
+    return {"out": out, "ranks": ranks, "tensors": tensors}
+
+
+_RUNS: dict[str, dict[str, Any]] = {}
+
+
+def _once(layout: Layout, model_path: Path, factory: pytest.TempPathFactory, reference: Path | None) -> dict:
+    """Each layout runs once per session, whichever test asks first."""
+    if layout.name not in _RUNS:
+        _RUNS[layout.name] = {**_run(model_path, layout, factory.mktemp(layout.name), reference), "layout": layout}
+    return _RUNS[layout.name]
+
+
+@pytest.fixture(scope="module")
+def reference(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _once(Layout("world1", {}, 1), model_path, tmp_path_factory, None)
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=str)
+def layout_run(request: pytest.FixtureRequest, model_path: Path, reference: dict, tmp_path_factory) -> dict[str, Any]:
+    return _once(request.param, model_path, tmp_path_factory, reference["out"])
+
+
+def _by_data_parallel_rank(run: dict[str, Any], key: str) -> torch.Tensor:
+    """The rows of every data-parallel rank in order (each DP rank's first rank holds them)."""
+    first: dict[int, torch.Tensor] = {}
+    for result, tensors in zip(run["ranks"], run["tensors"], strict=True):
+        first.setdefault(result["dp_rank"], tensors[key])
+    width = max(t.shape[1] for t in first.values())  # each rank's rows are cut to their own longest
+    return torch.cat([torch.nn.functional.pad(first[dp], (0, width - first[dp].shape[1])) for dp in sorted(first)])
+
+
+def test_layout_log_probs_equal_world_size_one(layout_run: dict, reference: dict) -> None:
+    ours = _by_data_parallel_rank(layout_run, "log_probs")
+    theirs = reference["tensors"][0]["log_probs"]
+    assert ours.shape == theirs.shape and int((ours != 0).sum()) > 100
+    assert float((ours - theirs).abs().max()) <= TOLERANCE
+
+
+def test_layout_update_equals_world_size_one(layout_run: dict, reference: dict) -> None:
+    """Loss and grad norm of one update (the same on every rank), the log-probs inside it (ppo_kl
+    against the pass before it) and after it."""
+    theirs = reference["ranks"][0]["metrics"]
+    for result in layout_run["ranks"]:
+        ours = result["metrics"]
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=TOLERANCE)
+        assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=TOLERANCE)
+        assert abs(ours["ppo_kl"]) <= TOLERANCE and ours["pg_clipfrac"] == 0.0
+    after = _by_data_parallel_rank(layout_run, "log_probs_after")
+    assert float((after - reference["tensors"][0]["log_probs_after"]).abs().max()) <= 10 * TOLERANCE
+
+
+def test_layout_synced_weights_equal_world_size_one_on_every_rank(layout_run: dict) -> None:
+    """What every rank pushes to a rollout engine (`named_weights`, gathered over TP/PP/EP): before
+    the update bit for bit the world-size-1 export, after it within the tolerance."""
+    for result in layout_run["ranks"]:
+        before, after = result["weights_before"], result["weights_after"]
+        for report in (before, after):
+            assert report["missing"] == report["unexpected"] == report["shape_mismatch"] == []
+        assert before["bitwise_equal"], f"rank {result['rank']}: {before['max_abs_diff']}"
+        assert after["max_abs_diff"] <= TOLERANCE, f"rank {result['rank']}"
+
+
+def _safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(glob.glob(str(directory / "*.safetensors"))):
+        tensors.update(load_file(path))
+    return tensors
+
+
+def test_layout_strict_hf_export_equals_world_size_one(layout_run: dict, reference: dict) -> None:
+    ours = _safetensors(layout_run["out"] / "export")
+    theirs = _safetensors(reference["out"] / "export")
+    assert set(ours) == set(theirs) and len(ours) > 100
+    worst = max(float((ours[n] - theirs[n]).abs().max()) for n in ours)
+    assert worst <= TOLERANCE
+    exported = [r["export"] for r in layout_run["ranks"] if "export" in r]
+    assert len(exported) == 1 and exported[0]["model_keys_not_written"] == []
+
+
+def _checkpointed(model_path: Path, reference: dict, factory: pytest.TempPathFactory) -> dict[str, Any]:
+    layout = next(lay for lay in LAYOUTS if lay.extra.get("checkpoint"))
+    return _once(layout, model_path, factory, reference["out"])
+
+
+def test_layout_resume_at_the_saved_sizes_continues_exactly(model_path: Path, reference: dict, tmp_path_factory) -> None:
+    """Saved after one update at TP2 x EP2 (every rank's shard kept: before the fix one rank's
+    shards were resumed on all), resumed in fresh processes: the second update equals the
+    uninterrupted run's."""
+    saved = _checkpointed(model_path, reference, tmp_path_factory)
+    layout = saved["layout"]
+    spec = {"resume": str(saved["out"] / "ckpt" / "global_step_1"), "grouped_experts": True}
+    resumed = _run(model_path, Layout("resumed", layout.parallel, layout.world_size, spec), tmp_path_factory.mktemp("resumed"), None)
+    for ours, theirs in zip(resumed["ranks"], saved["ranks"], strict=True):
+        assert "refused" not in ours
+        for key in ("loss", "grad_norm", "ppo_kl"):
+            assert ours["metrics_second"][key] == pytest.approx(theirs["metrics_second"][key], abs=1e-6)
+    for ours, theirs in zip(resumed["tensors"], saved["tensors"], strict=True):
+        assert torch.equal(ours["log_probs_second"], theirs["log_probs_second"])
+        worst = max(float((ours["weights_second"][n] - w).abs().max()) for n, w in theirs["weights_second"].items())
+        assert worst == 0.0
+
+
+def test_layout_resume_at_other_sizes_is_refused_with_the_way_out(model_path: Path, reference: dict, tmp_path_factory) -> None:
+    """At world size 1 the checkpoint has no shard of this rank's: refused, naming what it holds.
+    (`train()` and the launchers refuse earlier, from the trainer state: test_resume_layout.py.)"""
+    saved = _checkpointed(model_path, reference, tmp_path_factory)
+    spec = {"resume": str(saved["out"] / "ckpt" / "global_step_1")}
+    result = _run(model_path, Layout("resumed_world1", {}, 1, spec), tmp_path_factory.mktemp("resumed1"), None)
+    refusal = result["ranks"][0]["refused"]
+    assert "tp0of2_pp0of1_ep0of2_etp0of1" in refusal and "not this rank's tp0of1_pp0of1_ep0of1_etp0of1" in refusal
+    assert "checkpoint.resume=none" in refusal
+
+
+def test_layout_context_parallel_is_refused_in_the_config() -> None:
+    import grpo_config
+
+    raw = {"actor": {"backend": "megatron"}, "parallel": {"cp": 2}, "device": {"nnodes": 1, "devices_per_node": 2}}
+    with pytest.raises(grpo_config.ConfigError, match=r"Set parallel\.cp=1"):
+        grpo_config.load(raw, [])
