@@ -43,6 +43,37 @@ def layout_batch(rows: int = ROWS, seq: int = SEQ, *, seed: int = 0) -> Any:
     )
 
 
+def vision_language_batch(model_path: str, scratch: Path, rows: int = ROWS) -> Any:
+    """The tiny-vl task's prompts (each with its image, through the checkpoint's processor) and a
+    three-token answer, right-padded; images of two sizes so the patch grids differ."""
+    from transformers import AutoProcessor
+
+    from grpo_launch.presets import tiny_task, tiny_vl_task
+    from grpo_trainer.data import PromptDataset
+    from grpo_trainer.protocols import PolicyBatch
+    from grpo_trainer.vision import pixel_inputs
+
+    processor = AutoProcessor.from_pretrained(model_path)
+    tiny_task.write_parquet(tiny_vl_task.make_rows(count=rows, seed=5, split="train"), scratch / "rows.parquet")
+    data = PromptDataset([scratch / "rows.parquet"], processor.tokenizer, processor=processor, max_prompt_length=64)
+    answer = processor.tokenizer("\\boxed{3}", add_special_tokens=False)["input_ids"][:3]
+    prompts = [data[i].prompt_ids + answer for i in range(rows)]
+    width = max(map(len, prompts)) + 2
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    response = torch.zeros(rows, width)
+    for i, row in enumerate(prompts):
+        ids[i, : len(row)] = torch.tensor(row)
+        response[i, len(row) - len(answer) : len(row)] = 1
+    attention = (torch.arange(width)[None] < torch.tensor([len(r) for r in prompts])[:, None]).long()
+    return PolicyBatch(
+        input_ids=ids,
+        attention_mask=attention,
+        response_mask=response,
+        advantages=torch.randn(rows, generator=torch.Generator().manual_seed(0)),
+        vision=[pixel_inputs(processor.image_processor, data[i].images) for i in range(rows)],
+    )
+
+
 def layout_config(spec: dict[str, Any]) -> Any:
     from grpo_config.schema import (
         ActorConfig,
@@ -82,7 +113,7 @@ def layout_config(spec: dict[str, Any]) -> Any:
     )
     return TrainerConfig(
         actor=actor,
-        data=DataConfig(max_prompt_length=SEQ // 2, max_response_length=SEQ // 2),
+        data=DataConfig(max_prompt_length=64, max_response_length=SEQ // 2),
         device=DeviceConfig(kind="cpu"),
         parallel=ParallelConfig(
             tp=par.get("tp", 1),
@@ -209,7 +240,13 @@ def main(spec_path: str) -> None:
     }
     tensors: dict[str, Any] = {}
 
-    batch = _rows_of(layout_batch(), backend.dp_rank, backend.dp_size)
+    if spec.get("vision_language"):
+        scratch = out / f"rank{rank}_data"
+        scratch.mkdir(exist_ok=True)
+        full = vision_language_batch(spec["model_path"], scratch)
+    else:
+        full = layout_batch()
+    batch = _rows_of(full, backend.dp_rank, backend.dp_size)
     if spec.get("resume"):
         _resume(spec, actor, batch, result, tensors)
     else:

