@@ -81,6 +81,8 @@ def eligible(module: Any) -> bool:
     return (
         w13.dim() == 3
         and w2.dim() == 3
+        and w13.is_contiguous()  # ROCm pads the expert weights: a strided view
+        and w2.is_contiguous()
         and w13.shape[0] == w2.shape[0]
         and w13.shape[1] == 2 * w2.shape[2]
         and w13.shape[2] == w2.shape[1]
