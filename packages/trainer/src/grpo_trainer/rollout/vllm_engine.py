@@ -289,7 +289,9 @@ class VLLMRolloutEngine:
         if "weights" in self.asleep_tags:
             self.wake_up(["weights"])
         started = time.perf_counter()
-        # One bucket is prepared ahead, so the last one can be sent with finish=True.
+        # Host transports prepare one bucket ahead, so the last one is sent with finish=True. A
+        # direct bucket is loaded at once (it holds the caller's own tensors, which the next ones'
+        # production might reuse) and the sync is closed by a call of its own.
         pending: _Bucket | None = None
         opened = finished = False
         count = buckets = nbytes = 0
@@ -298,17 +300,28 @@ class VLLMRolloutEngine:
             named_tensors = ((into_language_model_layout(name), t) for name, t in named_tensors)
         try:
             for bucket in iter_buckets(named_tensors, bucket_bytes=self.bucket_bytes):
-                previous, pending = pending, self._prepare_bucket(bucket)
+                prepared = self._prepare_bucket(bucket)
+                if prepared.transport == "direct":
+                    opened = True
+                    self._send_bucket(prepared, begin=buckets == 0, finish=False)
+                    buckets += 1
+                    count += len(bucket)
+                    nbytes += prepared.nbytes
+                    continue
+                previous, pending = pending, prepared
                 if previous is not None:
                     opened = True
                     self._send_bucket(previous, begin=buckets == 1, finish=False)
                 buckets += 1
                 count += len(bucket)
                 nbytes += pending.nbytes
-            if pending is None:
+            if buckets == 0:
                 raise ValueError("update_weights got no tensors")
-            opened = True
-            missing = self._send_bucket(pending, begin=buckets == 1, finish=True)
+            if pending is None:  # direct
+                missing = self.llm.collective_rpc("grpo_finish_weight_sync")[0]
+            else:
+                opened = True
+                missing = self._send_bucket(pending, begin=buckets == 1, finish=True)
             finished = True
         finally:
             if pending is not None:
