@@ -5,6 +5,7 @@ they are (`direct`), nothing is staged in host memory, and the engine then serve
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 
 import pytest
@@ -24,18 +25,19 @@ GREEDY = SamplingParams(n=1, temperature=0.0, max_tokens=12)
 
 @pytest.fixture(scope="module")
 def inprocess_engine(tiny_qwen3, vllm_cfg):
-    """An engine built as `make_rollout_engine(in_training_ranks=True)` builds it, as rank 0 of 1."""
+    """The engine `PolicyWorker.setup` builds (`make_rollout_engine(in_training_ranks=True)`), as rank 0 of 1."""
+    from grpo_trainer.rollout import make_rollout_engine
     from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
 
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     # vLLM sets VLLM_ENABLE_V1_MULTIPROCESSING=0 for external_launcher: put it back for later engines
     saved = {key: os.environ.get(key) for key in [*env, "VLLM_ENABLE_V1_MULTIPROCESSING"]}
     os.environ.update(env)
-    model_dir, _, _ = tiny_qwen3
+    model_dir, _, tokenizer = tiny_qwen3
+    cfg = dataclasses.replace(vllm_cfg, actor=dataclasses.replace(vllm_cfg.actor, model_path=str(model_dir)))
     with capture_logs() as logs:
-        engine = VLLMRolloutEngine.from_config(
-            vllm_cfg, str(model_dir), distributed_executor_backend="external_launcher", sleep_level=2
-        )
+        engine = make_rollout_engine(cfg, device=torch.device("cpu"), tokenizer=tokenizer, in_training_ranks=True)
+    assert isinstance(engine, VLLMRolloutEngine)
     engine.start_logs = logs
     yield engine
     engine.shutdown()
@@ -76,7 +78,7 @@ def test_in_process_engine_takes_the_tensors_directly_and_serves_them(inprocess_
     chosen = [e for e in engine.start_logs if e["event"] == "vllm_engine.weight_sync_transport"]
     assert engine.transport == "direct" and chosen[0]["transport"] == "direct"
     assert "this process" in chosen[0]["reason"]
-    assert engine.sleep_level == 2
+    assert engine.sleep_level == 2  # colocated: the weights are dropped while the policy trains
 
     monkeypatch.setattr(vllm_engine_module, "write_bucket_file", _no_host_staging)
     monkeypatch.setattr(vllm_engine_module, "pack_bucket", _no_host_staging)
