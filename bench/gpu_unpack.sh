@@ -7,7 +7,7 @@
 # everything when it goes cold (30 s after a call): a folder that needs an earlier one that is not
 # there stops with "COLD MACHINE" (start again from .vx1).
 set -euo pipefail
-S=/tmp/site; mkdir -p $S /tmp/site_fla
+S=${SITE:-/tmp/site}; FLA=${SITE_FLA:-/tmp/site_fla}; mkdir -p "$S" "$FLA"
 for D in "$@"; do
   D=${D%/}; name=$(basename "$D")
   [ -d "$D" ] || { echo "no folder $D here: name it in the call's carry"; exit 2; }
@@ -21,9 +21,9 @@ for D in "$@"; do
   for a in "$D"/*.tar.xz; do [ -e "$a" ] && tar -xJf "$a" -C $S; done
   main=$(ls "$D"/*.whl 2>/dev/null | grep -v -e /fla_core- -e /flash_linear_attention- || true)
   fla=$(ls "$D"/fla_core-*.whl "$D"/flash_linear_attention-*.whl 2>/dev/null || true)
-  pip=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
+  pip=("${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
   [ -z "$main" ] || "${pip[@]}" --target $S $main 2>&1 | { grep -v "^WARNING: Target directory" || true; }
-  [ -z "$fla" ] || "${pip[@]}" --target /tmp/site_fla $fla 2>&1 | { grep -v "^WARNING: Target directory" || true; }
+  [ -z "$fla" ] || "${pip[@]}" --target "$FLA" $fla 2>&1 | { grep -v "^WARNING: Target directory" || true; }
   echo "$size" > $S/.unpacked$name
-  echo "unpacked $D in $(( ($(date +%s%N) - t0) / 1000000 )) ms; /tmp/site holds $(du -sm $S | cut -f1) MB"
+  echo "unpacked $D in $(( ($(date +%s%N) - t0) / 1000000 )) ms; $S holds $(du -sm "$S" | cut -f1) MB"
 done

@@ -68,6 +68,7 @@ def _no_host_staging(*args, **kwargs):
 def test_direct_transport_is_refused_for_an_engine_in_another_process(vllm_engine):
     """(First in this file: the in-process engine below sets VLLM_ENABLE_V1_MULTIPROCESSING=0 while it lives.)"""
     assert vllm_engine.transport == "shm"  # the session's engine runs in its own process
+    assert vllm_engine.sleep_level == 1  # an engine of its own (as a one-step-off rollout worker's): weights kept
     with pytest.raises(ValueError, match="needs vLLM's worker in this process"):
         vllm_engine_module._choose_direct("direct", in_process=vllm_engine_module.workers_in_process(vllm_engine.llm))
 
