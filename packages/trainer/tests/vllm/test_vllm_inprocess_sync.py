@@ -50,6 +50,9 @@ def inprocess_engine(tiny_qwen3, vllm_cfg):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()  # the in-process engine core froze vLLM's settings, this one included
 
 
 def _perturbed(model: torch.nn.Module, *, seed: int) -> torch.nn.Module:
