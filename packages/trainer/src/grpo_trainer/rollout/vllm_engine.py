@@ -285,7 +285,9 @@ class VLLMRolloutEngine:
         from the language model alone exports them) go under `model.language_model.`.
 
         After a level-2 sleep (weights dropped) every parameter must arrive: a sync that leaves
-        some out raises, and `generate` keeps refusing until a full sync."""
+        some out raises, and `generate` keeps refusing until a full sync. With the `direct`
+        transport the engine reads the caller's tensors themselves: leave them unchanged until
+        this returns (vLLM's layerwise reload may hold a layer's tensors over several buckets)."""
         if "weights" in self.asleep_tags:
             self.wake_up(["weights"])
         started = time.perf_counter()
