@@ -4,19 +4,20 @@
 #   tests[=EXPR]     the Megatron GPU tests (pytest -k EXPR when given)
 #   train[=ARGS]     bench/megatron_gpu_train.py (train() megatron vs torch; ARGS comma-separated)
 #   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable; one process per spec)
-#   prod[=ARGS]      bench/gpu_production_path.py (Megatron actor + vLLM rollout in train(); vLLM
-#                    unpacked into /tmp/site first by ../shared/vllm_h200's three calls, ray from .rayw/)
+#   prod[=ARGS]      bench/gpu_production_path.py (Megatron actor + vLLM rollout in train(); needs vLLM
+#                    (.vx1-.vx3) and Ray (.rayw) unpacked)
+#   sync[=ARGS]      bench/gpu_weight_sync.py (the full-size Qwen3.5-35B-A3B weight sync; needs vLLM)
 #   e.g. bash bench/gpu_session.sh alloc tests train=--steps,50,--split,40 mfu=qwen3moe+gmm,8,32,8,768,2048,16,2048,4
-# Wheels the machine lacks travel in .whl/ (megatron-core, megatron-bridge, ray, ...: see the docs).
+# The folders bench/gpu_prepare.sh builds travel in the calls it prints (each < 64 MiB); this script
+# first unpacks those present here into /tmp/site (bench/gpu_unpack.sh: a folder unpacked by an
+# earlier call on the same warm machine is skipped). docs/benchmarks.md, "Running on the H200".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-# FLA in a folder of its own: the torch backend's workers run without it (see megatron_gpu_train.py).
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  $(ls .whl/*.whl | grep -v -e fla_core -e flash_linear) || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_fla \
-  .whl/fla_core-*.whl .whl/flash_linear_attention-*.whl || exit 1
+for d in .vx1 .vx2 .vx3 .whl .rayw; do
+  [ -d "$d" ] && { bash bench/gpu_unpack.sh "$d" || exit 1; }
+done
 root=$PWD
 export PYTHONPATH=/tmp/site:/tmp/site_fla:$root/packages/launchers/common/src:$root/packages/trainer/src:$root/packages/config/src:$root/packages/device/src:$root/packages/ckpt/src:$root/packages/trainer/tests/megatron
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 NCCL_NVLS_ENABLE=0
@@ -42,9 +43,16 @@ for part in "$@"; do
     prod|prod=*)
       args=${part#prod}; args=${args#=}
       [ -f /tmp/site/vllm/__init__.py ] || { echo "COLD MACHINE: vLLM is not in /tmp/site"; exit 2; }
+      [ -d /tmp/site/ray ] || { echo "Ray is not in /tmp/site: carry .rayw (bench/gpu_prepare.sh)"; exit 2; }
       VLLM_USE_FLASHINFER_SAMPLER=0 timeout 560 python3 bench/gpu_production_path.py --out "$OUT" ${args//,/ } 2>&1 \
         | grep -v "Loading weights\|Writing model" > "$OUT/production_path.log" || status=1
       grep '^{"run"' "$OUT/production_path.log"; tail -n 5 "$OUT/production_path.log" ;;
+    sync|sync=*)
+      args=${part#sync}; args=${args#=}
+      [ -f /tmp/site/vllm/__init__.py ] || { echo "COLD MACHINE: vLLM is not in /tmp/site"; exit 2; }
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 560 python3 bench/gpu_weight_sync.py --out "$OUT" ${args//,/ } 2>&1 \
+        | grep -v "Loading weights\|Writing model" > "$OUT/weight_sync.log" || status=1
+      grep '^RESULT' "$OUT/weight_sync.log"; tail -n 8 "$OUT/weight_sync.log" ;;
     mfu=*) specs+=(--mfu "${part#mfu=}") ;;
     *) echo "unknown part: $part"; exit 2 ;;
   esac

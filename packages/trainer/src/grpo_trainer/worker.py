@@ -135,6 +135,14 @@ class PolicyWorker:
 
     # -- rollout ----------------------------------------------------------------------------------
     def rollout_wake(self) -> None:
+        """The engine ready to generate. A colocated vLLM engine sleeps at level 2, dropping its
+        weights; a step's weight sync rewrites them, but the first rollout, validation before
+        training, a second round of dynamic sampling and the step after a validation come after a
+        sleep with no sync since: then the policy's weights are synced first (before the policy is
+        offloaded), so nothing ever generates from dropped weights."""
+        if getattr(self.engine, "weights_dropped", False):
+            log.info("worker.weights_restored", rank=self.rank, reason="rollout engine slept at level 2 since the last sync")
+            self.sync_weights()
         self._memory().before_rollout()
         self.engine.wake_up()
 

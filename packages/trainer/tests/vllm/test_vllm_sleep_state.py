@@ -15,6 +15,7 @@ from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
 class RecordingLLM:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.not_loaded: list[str] = []  # what the closing sync call reports as not loaded
 
     def sleep(self, level: int) -> None:
         self.calls.append(("sleep", level))
@@ -25,17 +26,23 @@ class RecordingLLM:
 
     def collective_rpc(self, method: str, args: tuple = ()) -> list:
         self.calls.append(("rpc", method))
-        return [[]]
+        return [self.not_loaded]
+
+    def generate(self, requests: list, params: list, use_tqdm: bool = False) -> list:
+        self.calls.append(("generate", len(requests)))
+        return []
 
     def reset_prefix_cache(self) -> None:
         self.calls.append(("reset_prefix_cache",))
 
 
-def _engine(*, sleep_mode: bool = True) -> VLLMRolloutEngine:
+def _engine(*, sleep_mode: bool = True, level: int = 1) -> VLLMRolloutEngine:
     engine = object.__new__(VLLMRolloutEngine)  # skips building a real vllm.LLM
     engine.llm = RecordingLLM()
     engine.sleep_mode = engine.sleep_supported = sleep_mode
-    engine.sleep_level = 1
+    engine.sleep_level = level
+    engine.weights_dropped = False
+    engine.direct = False
     engine.asleep_tags = set()
     engine.weights_version = 0
     engine.sleep_warned = set()
@@ -78,3 +85,63 @@ def test_without_sleep_mode_sleep_and_wake_only_log():
     engine.sleep()
     engine.wake_up()
     assert engine.llm.calls == [] and not engine.asleep_tags
+
+
+def test_level_two_sleep_refuses_to_generate_until_a_full_sync_rewrote_the_weights(monkeypatch):
+    """Level 2 drops the weights: waking them is not enough, only a sync that reaches every
+    parameter lets the engine generate again (a sync that misses some raises)."""
+    engine = _engine(level=2)
+    monkeypatch.setattr(engine, "_vision_token_ids", lambda: [])
+    engine.sleep()
+    assert engine.llm.calls == [("sleep", 2)] and engine.weights_dropped
+    engine.wake_up()
+    with pytest.raises(RuntimeError, match=r"dropped by sleep\(level=2\)"):
+        engine.generate([[1, 2]], SamplingParams())
+    engine.llm.not_loaded = ["model.norm.weight"]
+    with pytest.raises(RuntimeError, match=r"left 1 of vLLM's parameters out"):
+        engine.update_weights([("w", torch.ones(4))])
+    assert engine.weights_dropped
+    engine.llm.not_loaded = []
+    engine.update_weights([("w", torch.ones(4))])
+    assert not engine.weights_dropped
+    engine.generate([[1, 2]], SamplingParams())
+    assert engine.llm.calls[-1] == ("generate", 1)
+
+
+def test_level_one_sleep_keeps_the_weights_valid():
+    engine = _engine(level=1)
+    engine.sleep()
+    engine.wake_up()
+    assert not engine.weights_dropped and engine.llm.calls == [("sleep", 1), ("wake_up", ("kv_cache", "weights"))]
+
+
+def test_a_worker_restores_dropped_weights_from_the_policy_before_it_generates():
+    """PolicyWorker with its colocated engine at level 2: a wake with no sync since the last sleep
+    (the first rollout, validation, a second dynamic-sampling round) syncs the policy's weights
+    first; after a step's own sync the wake syncs nothing more."""
+    from types import SimpleNamespace
+
+    from grpo_config.schema import RolloutConfig, TrainerConfig
+    from grpo_device import DeviceKind
+    from grpo_trainer.rollout_memory import RolloutMemory
+    from grpo_trainer.worker import PolicyWorker
+
+    class Policy:  # the one backend method a sync reads
+        def named_weights(self):
+            yield "w", torch.ones(4)
+
+    cfg = TrainerConfig(rollout=RolloutConfig(engine="vllm"))
+    worker = PolicyWorker(cfg, rank=0, world_size=1, num_threads=1)
+    worker.actor = SimpleNamespace(backend=Policy())
+    worker.memory = RolloutMemory(cfg, worker.actor.backend, kind=DeviceKind.CPU)
+    worker.engine = _engine(level=2)
+    calls = worker.engine.llm.calls
+    worker.rollout_sleep()  # as setup() leaves the engine
+    worker.rollout_wake()
+    assert calls == [("sleep", 2), ("wake_up", ("weights",)), ("rpc", "grpo_load_weights"), ("wake_up", ("kv_cache",))]
+    assert not worker.engine.weights_dropped and not worker.engine.asleep_tags
+    worker.rollout_sleep()
+    worker.sync_weights()  # a step's own sync, after the update
+    del calls[:]
+    worker.rollout_wake()
+    assert calls == [("wake_up", ("kv_cache",))]

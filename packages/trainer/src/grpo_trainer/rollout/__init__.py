@@ -29,7 +29,10 @@ def make_rollout_engine(
     is shared when given, so weight sync costs nothing; otherwise a copy is loaded from
     `actor.model_path` and kept in sync through `update_weights`. For `vllm` with
     `in_training_ranks`, the engine is this rank's shard of its replica (`grpo_config.replicas`),
-    run inside this process: every rank of the replica must build it at the same time."""
+    run inside this process: every rank of the replica must build it at the same time. It sleeps
+    at level 2 (weights dropped, not copied to host memory): the policy beside it rewrites them all
+    at every sync, and `PolicyWorker.rollout_wake` syncs first when no sync has since. An engine of
+    its own (a rollout worker, a benchmark) keeps level 1: nothing could restore its weights."""
     name = cfg.rollout.engine
     if name == "hf":
         from grpo_trainer.backends.hf_model import DTYPES, load_causal_lm
@@ -53,7 +56,7 @@ def make_rollout_engine(
 
         if in_training_ranks:
             return VLLMRolloutEngine.from_config(
-                cfg, cfg.actor.model_path, distributed_executor_backend="external_launcher"
+                cfg, cfg.actor.model_path, distributed_executor_backend="external_launcher", sleep_level=2
             )
         return VLLMRolloutEngine.from_config(cfg, cfg.actor.model_path)
     raise ValueError(f"rollout.engine={name!r} is unknown; use one of {list(ENGINES)}")

@@ -4,7 +4,9 @@ Prompts go in as token ids (never re-tokenised). Each response comes back with t
 of every sampled token, aligned with its ids; by default those are vLLM's "raw_logprobs" (the
 model's unprocessed distribution, before temperature / top-k / top-p), the quantity the policy
 recomputes. Weights are pushed into the running engine in buckets (`vllm_worker_ext`), never
-reloaded from disk. `vllm` is imported only when an engine is built.
+reloaded from disk: handed over as they are (device tensors, no copy) when vLLM's worker runs in
+this process, else through shared memory or inside the RPC message. `vllm` is imported only when an
+engine is built.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ log = structlog.get_logger()
 WORKER_EXTENSION = "grpo_trainer.rollout.vllm_worker_ext.GRPOWorkerExtension"
 ReferenceLogprobs = Callable[[Sequence[int], Sequence[int]], Sequence[float]]
 SHM_DIR = Path("/dev/shm")
+Transport = Literal["direct", "shm", "rpc"]
 
 
 def engine_kwargs(extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,7 +79,7 @@ class VLLMRolloutEngine:
         sleep_level: Literal[1, 2] = 1,
         logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs",
         kv_cache_memory_bytes: int | None = None,
-        weight_sync_transport: Literal["auto", "shm", "rpc"] = "auto",
+        weight_sync_transport: Literal["auto", "direct", "shm", "rpc"] = "auto",
         seed: int = 0,
         distributed_executor_backend: str | None = None,
         llm_kwargs: Mapping[str, Any] | None = None,
@@ -91,8 +94,16 @@ class VLLMRolloutEngine:
         self.model_path = model_path
         self.dtype = dtype
         self.bucket_bytes = weight_sync_bucket_mb * 1024 * 1024
-        self.shm_dir = _pick_shm_dir(weight_sync_transport, bucket_bytes=self.bucket_bytes)
+        if weight_sync_transport not in ("auto", "direct", "shm", "rpc"):
+            raise ValueError(f"weight_sync_transport={weight_sync_transport!r}: use 'auto', 'direct', 'shm' or 'rpc'")
+        self.shm_dir = _pick_shm_dir(
+            "auto" if weight_sync_transport == "direct" else weight_sync_transport, bucket_bytes=self.bucket_bytes
+        )
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level={sleep_level} must be 1 (weights kept in host memory) or 2 (dropped)")
         self.sleep_level = sleep_level
+        # Set by a level-2 sleep, cleared by the next full sync: the weights are garbage meanwhile.
+        self.weights_dropped = False
         self.sleep_supported = current_platform.is_sleep_mode_available()
         self.sleep_mode = enable_sleep_mode and self.sleep_supported
         self.platform = str(current_platform.device_type or "unknown")
@@ -134,6 +145,16 @@ class VLLMRolloutEngine:
         # A vision-language checkpoint (Qwen3.5's real layout) keeps the language model under
         # `model.language_model.`; a policy built from a text-only view names it `model.`.
         self.vision_language = hasattr(self.llm.llm_engine.vllm_config.model_config.hf_config, "vision_config")
+        self.direct = _choose_direct(weight_sync_transport, in_process=workers_in_process(self.llm))
+        log.info(
+            "vllm_engine.weight_sync_transport",
+            transport=self.transport,
+            reason="vLLM's worker runs in this process: tensors are handed over as they are"
+            if self.direct
+            else "vLLM's workers run in other processes: tensors are staged in host memory"
+            if weight_sync_transport == "auto"
+            else f"weight_sync_transport={weight_sync_transport!r}",
+        )
         log.info(
             "vllm_engine.ready",
             model_path=model_path,
@@ -223,6 +244,11 @@ class VLLMRolloutEngine:
             raise RuntimeError(
                 f"the vLLM engine is asleep ({sorted(self.asleep_tags)}): call wake_up() first"
             )
+        if self.weights_dropped:
+            raise RuntimeError(
+                "the vLLM engine's weights were dropped by sleep(level=2) and no full update_weights "
+                "has rewritten them since: sync the policy's weights before generating"
+            )
         # One seed per prompt (vLLM adds the sample index for each of the n), so a seeded batch is
         # reproducible and two equal prompts still get different samples.
         per_prompt = [
@@ -256,11 +282,18 @@ class VLLMRolloutEngine:
         the rest uninitialised. On a sleeping engine the weights are woken first (a sync into
         offloaded weights would be overwritten on wake-up); the KV cache stays asleep. Into a
         vision-language checkpoint's engine, text-only names (`model.layers...`, as a policy built
-        from the language model alone exports them) go under `model.language_model.`."""
+        from the language model alone exports them) go under `model.language_model.`.
+
+        After a level-2 sleep (weights dropped) every parameter must arrive: a sync that leaves
+        some out raises, and `generate` keeps refusing until a full sync. With the `direct`
+        transport the engine reads the caller's tensors themselves: leave them unchanged until
+        this returns (vLLM's layerwise reload may hold a layer's tensors over several buckets)."""
         if "weights" in self.asleep_tags:
             self.wake_up(["weights"])
         started = time.perf_counter()
-        # One bucket is prepared ahead, so the last one can be sent with finish=True.
+        # Host transports prepare one bucket ahead, so the last one is sent with finish=True. A
+        # direct bucket is loaded at once (it holds the caller's own tensors, which the next ones'
+        # production might reuse) and the sync is closed by a call of its own.
         pending: _Bucket | None = None
         opened = finished = False
         count = buckets = nbytes = 0
@@ -269,17 +302,28 @@ class VLLMRolloutEngine:
             named_tensors = ((into_language_model_layout(name), t) for name, t in named_tensors)
         try:
             for bucket in iter_buckets(named_tensors, bucket_bytes=self.bucket_bytes):
-                previous, pending = pending, self._prepare_bucket(bucket)
+                prepared = self._prepare_bucket(bucket)
+                if prepared.transport == "direct":
+                    opened = True
+                    self._send_bucket(prepared, begin=buckets == 0, finish=False)
+                    buckets += 1
+                    count += len(bucket)
+                    nbytes += prepared.nbytes
+                    continue
+                previous, pending = pending, prepared
                 if previous is not None:
                     opened = True
                     self._send_bucket(previous, begin=buckets == 1, finish=False)
                 buckets += 1
                 count += len(bucket)
                 nbytes += pending.nbytes
-            if pending is None:
+            if buckets == 0:
                 raise ValueError("update_weights got no tensors")
-            opened = True
-            missing = self._send_bucket(pending, begin=buckets == 1, finish=True)
+            if pending is None:  # direct
+                missing = self.llm.collective_rpc("grpo_finish_weight_sync")[0]
+            else:
+                opened = True
+                missing = self._send_bucket(pending, begin=buckets == 1, finish=True)
             finished = True
         finally:
             if pending is not None:
@@ -290,6 +334,12 @@ class VLLMRolloutEngine:
                 self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
             if opened:
                 self.weights_version += 1
+        if missing and self.weights_dropped:
+            raise RuntimeError(
+                f"the engine's weights were dropped by sleep(level=2) and this sync left {len(missing)} of "
+                f"vLLM's parameters out, e.g. {missing[:4]}: send the policy's full named_weights()"
+            )
+        self.weights_dropped = False
         if missing:
             log.warning("vllm_engine.weights_not_synced", count=len(missing), names=missing[:8])
         log.info(
@@ -297,13 +347,24 @@ class VLLMRolloutEngine:
             tensors=count,
             buckets=buckets,
             mb=round(nbytes / 2**20, 2),
-            transport="shm" if self.shm_dir else "rpc",
+            transport=self.transport,
             seconds=round(time.perf_counter() - started, 3),
         )
 
+    @property
+    def transport(self) -> Transport:
+        """How the next sync's buckets reach vLLM's workers."""
+        if getattr(self, "direct", False):
+            return "direct"
+        return "shm" if self.shm_dir is not None else "rpc"
+
     def _prepare_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> _Bucket:
-        """Lay a bucket out for the workers: written once into a shared-memory file they map, or
-        packed as bytes for the RPC message when there is no usable shared memory."""
+        """Lay a bucket out for the workers: the tensors themselves for a worker in this process;
+        else written once into a shared-memory file they map, or packed as bytes for the RPC
+        message when there is no usable shared memory."""
+        if self.transport == "direct":
+            size = sum(t.numel() * t.element_size() for _, t in bucket)
+            return _Bucket(meta=[], data=bucket, transport="direct", size=size)
         if self.shm_dir is not None:
             path = self.shm_dir / f"grpo-weight-sync-{os.getpid()}-{uuid.uuid4().hex}.bin"
             try:
@@ -321,6 +382,8 @@ class VLLMRolloutEngine:
 
     def _send_bucket(self, bucket: _Bucket, *, begin: bool, finish: bool) -> list[str]:
         try:
+            if bucket.transport == "direct":
+                return self.llm.collective_rpc("grpo_load_tensors", args=(bucket.data, begin, finish))[0]
             args = (bucket.meta, bucket.data, bucket.transport, begin, finish)
             return self.llm.collective_rpc("grpo_load_weights", args=args)[0]
         finally:
@@ -356,13 +419,16 @@ class VLLMRolloutEngine:
 
     def sleep(self) -> None:
         """Release weights and KV cache (vLLM sleep mode, `sleep_level`) while the policy trains.
-        Level 2 discards the weights: the next `update_weights` must send all of them."""
+        Level 1 copies the weights to host memory and back on wake-up; level 2 discards them, for
+        an engine whose weights the next `update_weights` rewrites anyway (a colocated engine
+        synced from the policy): until that full sync, `generate` refuses."""
         if not self.sleep_mode:
             _log_sleep_unsupported(self, "sleep")
             return
         if not self.asleep_tags:
             self.llm.sleep(level=self.sleep_level)
             self.asleep_tags = {"weights", "kv_cache"}
+            self.weights_dropped = self.weights_dropped or self.sleep_level == 2
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-allocate what `sleep` released (`tags` None: everything; `["weights"]` first lets a
@@ -404,15 +470,37 @@ def _cpu_shm_group_names() -> list[str]:
     return names
 
 
+def workers_in_process(llm: Any) -> bool:
+    """Whether `llm`'s one worker runs in this process (vLLM's in-process engine core over a
+    single-process executor: `external_launcher`, or `VLLM_ENABLE_V1_MULTIPROCESSING=0` with one
+    worker), so that `collective_rpc` calls it directly and arguments are not serialised."""
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if type(client).__name__ != "InprocClient":
+        return False
+    executor = getattr(getattr(client, "engine_core", None), "model_executor", None)
+    return getattr(executor, "driver_worker", None) is not None
+
+
+def _choose_direct(requested: str, *, in_process: bool) -> bool:
+    if requested == "direct" and not in_process:
+        raise ValueError(
+            "weight_sync_transport='direct' needs vLLM's worker in this process "
+            "(distributed_executor_backend='external_launcher' or VLLM_ENABLE_V1_MULTIPROCESSING=0); use 'auto'"
+        )
+    return in_process and requested in ("auto", "direct")
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Bucket:
     meta: list[TensorMeta]
-    data: bytes | str  # the bytes, or the path of the shared-memory file
-    transport: Literal["shm", "rpc"]
+    # the bytes, the path of the shared-memory file, or the (name, tensor) pairs themselves
+    data: bytes | str | list[tuple[str, torch.Tensor]]
+    transport: Transport
+    size: int | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(nbytes for *_, nbytes in self.meta)
+        return self.size if self.size is not None else sum(nbytes for *_, nbytes in self.meta)
 
     def discard(self) -> None:
         if self.transport == "shm":
@@ -422,7 +510,7 @@ class _Bucket:
 def _pick_shm_dir(transport: str, *, bucket_bytes: int) -> Path | None:
     """Shared memory for the weight sync: /dev/shm when it exists and can hold two buckets."""
     if transport not in ("auto", "shm", "rpc"):
-        raise ValueError(f"weight_sync_transport={transport!r}: use 'auto', 'shm' or 'rpc'")
+        raise ValueError(f"weight_sync_transport={transport!r}: use 'auto', 'direct', 'shm' or 'rpc'")
     if transport == "rpc":
         return None
     usable = SHM_DIR.is_dir() and shutil.disk_usage(SHM_DIR).free >= 2 * bucket_bytes

@@ -1,18 +1,24 @@
 """Methods mixed into every vLLM worker (`worker_extension_cls`), called by name through
 `LLM.collective_rpc`, so no pickled code crosses to the engine process.
 
-A weight sync is one `grpo_load_weights` call per bucket: the first opens the sync
-(`begin=True`), the last closes it (`finish=True`), so a one-bucket sync is a single round trip.
+A weight sync is one call per bucket: `grpo_load_weights` (the bucket's bytes, or a shared-memory
+file, for workers in another process) or `grpo_load_tensors` (the tensors themselves, for a worker
+in the caller's process: vLLM then calls the method directly, so device tensors arrive as they are,
+with no copy). The first call opens the sync (`begin=True`), the last closes it (`finish=True`), so
+a one-bucket sync is a single round trip.
 It uses vLLM's in-place layerwise reload: each layer is rebuilt from checkpoint-format (HF-named)
 tensors and re-processed (repacking, quantisation) as soon as all of its tensors have arrived,
 then copied into the storage the engine already uses. A layer split over two buckets simply waits
 for the second one. A failure closes the sync: layers that got nothing keep their weights.
+Routed experts of the layers `vllm_expert_copy` finds eligible (GPU, Triton MoE, unsplit) skip
+vLLM's per-expert loader: they are copied into the kernels' storage directly.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from grpo_trainer.rollout.vllm_expert_copy import ExpertCopier, find_expert_layers
 from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, read_bucket_file, unpack_bucket
 
 
@@ -35,6 +41,18 @@ class GRPOWorkerExtension:
             raise
         return self.grpo_finish_weight_sync() if finish else []
 
+    def grpo_load_tensors(self: Any, tensors: list[tuple[str, Any]], begin: bool, finish: bool) -> list[str]:
+        """Load one bucket handed over by reference (a worker in the caller's process): tensors on
+        this worker's device are used as they are. Returns what `grpo_load_weights` returns."""
+        if begin:
+            self._grpo_begin()
+        try:
+            self._grpo_load(tensors)
+        except BaseException:
+            self.grpo_finish_weight_sync()
+            raise
+        return self.grpo_finish_weight_sync() if finish else []
+
     def grpo_finish_weight_sync(self: Any) -> list[str]:
         """Close an open sync (no-op otherwise): process the layers still waiting, restore those
         that got nothing, drop caches derived from the old weights."""
@@ -50,7 +68,8 @@ class GRPOWorkerExtension:
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             if hasattr(self.model_runner, reset):
                 getattr(self.model_runner, reset)()
-        return unloaded([name for name, _ in model.named_parameters()], self._grpo_loaded_names)
+        loaded = self._grpo_loaded_names | self._grpo_experts.loaded_parameter_names()
+        return unloaded([name for name, _ in model.named_parameters()], loaded)
 
     def _grpo_begin(self: Any) -> None:
         from vllm.config import set_current_vllm_config
@@ -60,16 +79,22 @@ class GRPOWorkerExtension:
         model = self.model_runner.get_model()
         if _is_cpu():
             _forget_cpu_expert_kernels(model)
+        experts = {} if _is_cpu() else find_expert_layers(model)
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(model)
+            _leave_out_of_layerwise_reload(model, {layer.name for layer in experts.values()})
+        self._grpo_experts = ExpertCopier(experts)
         self._grpo_loaded_names = set()
         self._grpo_sync_open = True
 
     def _grpo_load(self: Any, cpu_tensors: list[tuple[str, Any]]) -> None:
+        """`cpu_tensors`: on any device (moved to this worker's; a no-op for its own)."""
         from vllm.config import set_current_vllm_config
 
         device = self.model_runner.device
-        tensors = [(name, tensor.to(device)) for name, tensor in cpu_tensors]
+        tensors = self._grpo_experts.take((name, tensor.to(device)) for name, tensor in cpu_tensors)
+        if not tensors:
+            return
         with set_current_vllm_config(self.vllm_config):
             try:
                 loaded = self.model_runner.get_model().load_weights(iter(tensors))
@@ -95,6 +120,22 @@ def unloaded(parameter_names: list[str], loaded_names: set[str]) -> list[str]:
         for name in parameter_names
         if name not in loaded_names and name.replace(_REPORTED_WITHOUT, ".") not in loaded_names
     )
+
+
+def _leave_out_of_layerwise_reload(model: Any, names: set[str]) -> None:
+    """Give the modules named back their live tensors and end their part of the layerwise reload
+    that `initialize_layerwise_reload` just began (their weights are written in place by
+    `ExpertCopier`; the reload would otherwise wait for tensors that never reach vLLM's loader and
+    warn that it got none). Uses vLLM's own restore step (a private function of vLLM 0.26-0.32)."""
+    if not names:
+        return
+    from vllm.model_executor.model_loader.reload.layerwise import _place_kernel_tensors, get_layerwise_info
+
+    for name, module in model.named_modules():
+        if name in names:
+            info = get_layerwise_info(module)
+            _place_kernel_tensors(module, info)
+            info.reset()
 
 
 def _is_cpu() -> bool:
