@@ -44,11 +44,11 @@ CPU_MEGATRON = {
 }
 
 
-def _profile_layout_config(profile: Any, workdir: Path) -> tuple[dict[str, Any], int]:
+def _profile_layout_config(profile: Any, workdir: Path, device: str = "gpu") -> tuple[dict[str, Any], int]:
     from grpo_launch import tiny_preset
     from grpo_launch.profile import deep_merge
 
-    gpu = profile.config_for("gpu")
+    gpu = profile.config_for(device)
     world = gpu["device"]["nnodes"] * gpu["device"]["devices_per_node"]
     megatron = {**gpu["actor"]["megatron"], **CPU_MEGATRON}
     config = deep_merge(
@@ -75,13 +75,13 @@ def _profile_layout_config(profile: Any, workdir: Path) -> tuple[dict[str, Any],
     return config, world
 
 
-def _train_at_profile_layout(profile: Any, workdir: Path) -> dict[str, Any]:
-    import grpo_config
+def _train_at_profile_layout(profile: Any, workdir: Path, device: str = "gpu") -> dict[str, Any]:
     import ray
 
+    import grpo_config
     from grpo_trainer import read_metrics, train
 
-    config, world = _profile_layout_config(profile, workdir)
+    config, world = _profile_layout_config(profile, workdir, device)
     cfg = grpo_config.load(config, [])
     if ray.is_initialized():
         ray.shutdown()  # this run's Ray carries the workers' setup hook
@@ -109,3 +109,20 @@ def test_layout_of_the_35b_gpu_profile_trains_a_step(tmp_path: Path) -> None:
     manifest = json.loads((step_dir / "manifest.json").read_text())
     assert manifest["world_size"] == 8 and manifest["hf_export"]["status"] == "ok"
     assert json.loads((step_dir / "trainer_state.json").read_text())["parallel_layout"]["ep"] == 8
+
+
+@pytest.mark.timeout(2400)
+def test_layout_of_the_35b_npu_profile_trains_a_step(tmp_path: Path) -> None:
+    """TP2 x PP2 x EP8 (sequence parallel), 16 ranks (its full count: one node of 16 NPUs), also the
+    122B GPU profile's layout at its smallest world. Run on CPU ranks as the GPU one: the NPU device
+    itself (torch_npu, hccl, MindSpeed) is not faked here."""
+    from grpo_launch_qwen35_35b.profile import PROFILE
+
+    run = _train_at_profile_layout(PROFILE, tmp_path, "npu")
+    cfg, row = run["cfg"], run["row"]
+    assert run["world"] == 16 and (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep) == (2, 2, 8)
+    assert run["result"].final_step == 1
+    for key in ("actor/pg_loss", "actor/grad_norm", "reward/mean"):
+        assert key in row and row[key] == row[key], key
+    manifest = json.loads((Path(cfg.checkpoint.dir) / "global_step_1" / "manifest.json").read_text())
+    assert manifest["world_size"] == 16
