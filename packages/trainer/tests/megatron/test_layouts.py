@@ -56,6 +56,10 @@ LAYOUTS = [
     Layout("tp2_ep2_grouped_experts", {"tp": 2, "ep": 2}, 4, {"grouped_experts": True, "checkpoint": True}),
     Layout("ep2_etp2", {"ep": 2, "etp": 2}, 4),
     Layout("tp2_pp2_ep2", {"tp": 2, "pp": 2, "ep": 2}, 8, {"distributed_optimizer": True}),
+    # The tiny-vl checkpoint (Qwen3_5MoeForConditionalGeneration): images through transformers' vision
+    # tower in front of the first pipeline stage.
+    Layout("vision_language_tp2_sp", {"tp": 2}, 2, {"vision_language": True}),
+    Layout("vision_language_pp2", {"pp": 2}, 2, {"vision_language": True}),
 ]
 
 
@@ -85,13 +89,27 @@ def _once(layout: Layout, model_path: Path, factory: pytest.TempPathFactory, ref
 
 
 @pytest.fixture(scope="module")
+def vision_language_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from grpo_launch.presets import tiny_vl_model, tiny_vl_task
+
+    return tiny_vl_model.ensure_tiny_vl_model(tmp_path_factory.mktemp("layout_vl") / "hf", texts=tiny_vl_task.corpus())
+
+
+@pytest.fixture(scope="module")
 def reference(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _once(Layout("world1", {}, 1), model_path, tmp_path_factory, None)
 
 
 @pytest.fixture(scope="module", params=LAYOUTS, ids=str)
-def layout_run(request: pytest.FixtureRequest, model_path: Path, reference: dict, tmp_path_factory) -> dict[str, Any]:
-    return _once(request.param, model_path, tmp_path_factory, reference["out"])
+def layout_run(request: pytest.FixtureRequest, model_path: Path, vision_language_path: Path, tmp_path_factory) -> dict[str, Any]:
+    layout = request.param
+    if layout.extra.get("vision_language"):
+        path = vision_language_path
+        base = _once(Layout("world1_vision_language", {}, 1, {"vision_language": True}), path, tmp_path_factory, None)
+    else:
+        path = model_path
+        base = _once(Layout("world1", {}, 1), path, tmp_path_factory, None)
+    return {**_once(layout, path, tmp_path_factory, base["out"]), "reference": base}
 
 
 def _by_data_parallel_rank(run: dict[str, Any], key: str) -> torch.Tensor:
@@ -103,16 +121,18 @@ def _by_data_parallel_rank(run: dict[str, Any], key: str) -> torch.Tensor:
     return torch.cat([torch.nn.functional.pad(first[dp], (0, width - first[dp].shape[1])) for dp in sorted(first)])
 
 
-def test_layout_log_probs_equal_world_size_one(layout_run: dict, reference: dict) -> None:
+def test_layout_log_probs_equal_world_size_one(layout_run: dict) -> None:
+    reference = layout_run["reference"]
     ours = _by_data_parallel_rank(layout_run, "log_probs")
     theirs = reference["tensors"][0]["log_probs"]
     assert ours.shape == theirs.shape and int((ours != 0).sum()) > 100
     assert float((ours - theirs).abs().max()) <= TOLERANCE
 
 
-def test_layout_update_equals_world_size_one(layout_run: dict, reference: dict) -> None:
+def test_layout_update_equals_world_size_one(layout_run: dict) -> None:
     """Loss and grad norm of one update (the same on every rank), the log-probs inside it (ppo_kl
     against the pass before it) and after it."""
+    reference = layout_run["reference"]
     theirs = reference["ranks"][0]["metrics"]
     for result in layout_run["ranks"]:
         ours = result["metrics"]
@@ -143,7 +163,8 @@ def _safetensors(directory: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def test_layout_strict_hf_export_equals_world_size_one(layout_run: dict, reference: dict) -> None:
+def test_layout_strict_hf_export_equals_world_size_one(layout_run: dict) -> None:
+    reference = layout_run["reference"]
     ours = _safetensors(layout_run["out"] / "export")
     theirs = _safetensors(reference["out"] / "export")
     assert set(ours) == set(theirs) and len(ours) > 100

@@ -17,6 +17,8 @@ Imports megatron: only imported by the Megatron backend.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +156,22 @@ def _add_vision_mapping(model_bridge: Any) -> None:
     model_bridge.mapping_registry = registry
 
 
+@contextmanager
+def _full_sequence(embedding: Any) -> Iterator[None]:
+    """The embedding's output over the whole sequence: under sequence parallelism megatron-core
+    scatters it over the tensor-parallel ranks (inside the vocab-parallel embedding), and the image
+    tokens' positions index the whole sequence (found on CPU ranks at TP2: an index past the shard).
+    `decoder_input` scatters the combined embeddings itself."""
+    words = embedding.word_embeddings
+    saved = (embedding.reduce_scatter_embeddings, embedding.scatter_to_sequence_parallel, words.reduce_scatter_embeddings)
+    embedding.reduce_scatter_embeddings = embedding.scatter_to_sequence_parallel = False
+    words.reduce_scatter_embeddings = False
+    try:
+        yield
+    finally:
+        embedding.reduce_scatter_embeddings, embedding.scatter_to_sequence_parallel, words.reduce_scatter_embeddings = saved
+
+
 def decoder_input(chunk: torch.nn.Module, input_ids: torch.Tensor, vision: dict[str, torch.Tensor], *, image_token_id: int) -> Any:
     """[seq, batch, hidden] (scattered under sequence parallelism) word embeddings with the vision
     tower's output at the image tokens, for the first stage's chunk; None elsewhere or without
@@ -167,7 +185,8 @@ def decoder_input(chunk: torch.nn.Module, input_ids: torch.Tensor, vision: dict[
     out = tower(vision["pixel_values"].to(device=input_ids.device, dtype=next(tower.parameters()).dtype),
                 grid_thw=vision["image_grid_thw"].to(input_ids.device))
     image_embeds = out.pooler_output if hasattr(out, "pooler_output") else out
-    words = gpt.embedding(input_ids=input_ids, position_ids=None)  # [seq, batch, hidden]
+    with _full_sequence(gpt.embedding):
+        words = gpt.embedding(input_ids=input_ids, position_ids=None)  # [seq, batch, hidden], whole
     # Row-major order of the image tokens = the order of the images (rows, then images in a row).
     order = (input_ids == image_token_id).reshape(-1).nonzero().squeeze(1)
     if order.numel() != image_embeds.shape[0]:
