@@ -441,3 +441,23 @@ def test_dry_run_plans_the_shipped_model_whole_when_unsharded(model: str, total_
     assert whole["memory_plan"]["training_gib"]["weights"] == pytest.approx(total_gib, abs=0.01)
     assert whole["memory_plan"]["training_gib"]["gradients"] == pytest.approx(2 * total_gib, abs=0.02)
     assert sharded["memory_plan"]["training_gib"]["weights"] < total_gib / 5
+
+
+def test_a_resume_at_other_parallel_sizes_stops_before_launch(launch_env, monkeypatch, tmp_path, capsys) -> None:
+    """A Megatron checkpoint saved by the GPU profile (pp=1) resumed by the NPU one (pp=2): exit 2
+    and one line before the model, the data or any worker is touched (docs/LAYOUTS.md)."""
+    import torch
+
+    from grpo_ckpt import CheckpointManager
+
+    saved = {"backend": "megatron", "tp": 2, "pp": 1, "vpp": 1, "ep": 8, "etp": 1, "cp": 1}
+    CheckpointManager(tmp_path / "out" / "checkpoints").save(
+        20, model={"w": torch.zeros(2)}, optimizer=None, scheduler=None,
+        trainer_state={"global_step": 20, "parallel_layout": saved},
+    )
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")  # a cluster driver: no local NPU needed
+    assert main_35b(["--device", "npu", "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "saved at backend=megatron tp=2 pp=1 vpp=1 ep=8" in err and "this run asks backend=megatron tp=2 pp=2" in err
+    assert "checkpoint.resume=none" in err
