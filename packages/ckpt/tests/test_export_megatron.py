@@ -131,6 +131,9 @@ def test_qwen3_round_trip_is_exact(qwen3: tuple[Path, Any, list[Any]], tmp_path:
     manifest = json.loads((tmp_path / "out" / EXPORT_MANIFEST).read_text())
     assert manifest["hf_export"]["strict"] is strict and manifest["hf_export"]["model_keys_not_written"] == []
     assert manifest["files"]["model.safetensors"]["size"] == (tmp_path / "out" / "model.safetensors").stat().st_size
+    # Loadable as it is: the source's config travels with the tensors (the bridge writes tensors only).
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == json.loads((hf_dir / "config.json").read_text())
+    assert "config.json" in manifest["files"]
 
 
 def test_extra_unmapped_source_key(qwen3: tuple[Path, Any, list[Any]], tmp_path: Path) -> None:

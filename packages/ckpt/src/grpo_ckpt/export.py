@@ -11,6 +11,7 @@ file sizes, sha256 and every skipped key.
 from __future__ import annotations
 
 import fnmatch
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -177,6 +178,7 @@ def export_hf(
             unexpected=_minus(expected, source),
         )
     if rank == 0:
+        _write_model_config(bridge, path)
         if vision_language_source is not None:
             copied = restore_vision_language_layout(path, source=vision_language_source)
             report = replace(report, written=written_keys(path), copied_from_source=copied)
@@ -185,6 +187,23 @@ def export_hf(
         barrier()
         return report
     return all_gather_objects(report)[0]  # rank 0's report of the restored layout (and the barrier)
+
+
+_CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+def _write_model_config(bridge: Any, path: Path) -> None:
+    """`save_hf_weights` writes tensors only: without the source checkpoint's config.json (and
+    generation config) transformers and vLLM cannot load the export (found loading a text-only
+    Megatron export into vLLM; the vision-language layout copies its source's config itself)."""
+    hf = bridge.hf_pretrained
+    source = getattr(hf, "model_name_or_path", None)
+    source = Path(source) if source is not None else None
+    for name in _CONFIG_FILES:
+        if not (path / name).exists() and source is not None and (source / name).is_file():
+            shutil.copy(source / name, path / name)
+    if not (path / "config.json").exists():
+        hf.config.save_pretrained(path)
 
 
 def export_hf_torch(model: Any, tokenizer: Any, path: str | Path, *, strict: bool = True) -> ExportReport:
