@@ -64,11 +64,52 @@ def _hf_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int) -> li
     return answers
 
 
-@pytest.mark.parametrize("tensor_parallel", [2, 1], ids=["one-replica-tp2", "two-replicas-tp1"])
-def test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update(tmp_path, tensor_parallel) -> None:
+# The Megatron actor at TP2 (sequence parallel) on CPU ranks: the CUDA stand-ins of
+# ../megatron/cpu_ranks.py, installed in every Ray worker by a setup hook (docs/LAYOUTS.md).
+MEGATRON_TP2 = (
+    "actor.backend=megatron",
+    "parallel.tp=2",
+    "parallel.sequence_parallel=true",
+    "actor.megatron.transformer_impl=local",
+    "actor.megatron.moe_permute_fusion=false",
+    "actor.megatron.apply_rope_fusion=false",
+    "actor.megatron.gradient_accumulation_fusion=false",
+)
+HARNESS = Path(__file__).resolve().parents[1] / "megatron"
+
+
+def _ray_for(backend: str) -> bool:
+    import os
+
+    import ray
+
+    from grpo_trainer.worker_group import ensure_ray
+
+    if backend == "torch":
+        return ensure_ray(num_cpus=2)
+    if ray.is_initialized():
+        ray.shutdown()  # this run's Ray carries the workers' CPU stand-ins
+    return ensure_ray(
+        num_cpus=2,
+        runtime_env={
+            "env_vars": {"PYTHONPATH": os.pathsep.join([str(HARNESS), os.environ.get("PYTHONPATH", "")])},
+            "worker_process_setup_hook": "cpu_ranks.apply_cpu_patches",
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("backend", "tensor_parallel"),
+    [("torch", 2), ("torch", 1), pytest.param("megatron", 2, marks=pytest.mark.megatron)],
+    ids=["one-replica-tp2", "two-replicas-tp1", "megatron-tp2-layout-one-replica-tp2"],
+)
+def test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update(
+    tmp_path, backend, tensor_parallel
+) -> None:
     """PolicyWorkers (the driver's facade `train()` uses) over 2 ranks: the replicas' greedy tokens
     equal an HF model's on the same weights, first the initial ones, then, after one policy update,
-    a weight sync and a sleep/wake, those of the HF export of the updated policy."""
+    a weight sync and a sleep/wake, those of the HF export of the updated policy. With the Megatron
+    actor at TP2 the sync gathers each tensor over both ranks into the TP2 replica's two shards."""
     import ray
     from transformers import AutoTokenizer
 
@@ -76,15 +117,18 @@ def test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update
     from grpo_trainer.policy_workers import PolicyWorkers
     from grpo_trainer.protocols import SamplingParams
     from grpo_trainer.rollout_step import split_ranks
-    from grpo_trainer.worker_group import ensure_ray
 
     cfg = _config(
-        tmp_path, f"rollout.tensor_parallel_size={tensor_parallel}", "actor.lr=0.005", "actor.use_kl_loss=false"
+        tmp_path,
+        f"rollout.tensor_parallel_size={tensor_parallel}",
+        "actor.lr=0.005",
+        "actor.use_kl_loss=false",
+        *(MEGATRON_TP2 if backend == "megatron" else ()),
     )
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor.model_path)
     prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=8, seed=0)
-    started = ensure_ray(num_cpus=2)
+    started = _ray_for(backend)
     workers = PolicyWorkers(cfg)
     try:
         assert workers.replicas.count == 2 // tensor_parallel
