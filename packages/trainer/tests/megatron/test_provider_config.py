@@ -89,6 +89,13 @@ def test_two_stage_interleaved_pipeline_sends_unbatched(pp: int, vpp: int | None
     assert settings["batch_p2p_comm"] is batched
 
 
+def test_batched_p2p_asked_for_at_two_stage_interleaving_is_refused() -> None:
+    batched = replace(LOCAL, override_transformer_config={"batch_p2p_comm": True})
+    with pytest.raises(ValueError, match="swaps activations and gradients"):
+        provider_settings(_cfg(batched, ParallelConfig(pp=2, vpp=2)), transformer_engine_available=False)
+    assert provider_settings(_cfg(batched, ParallelConfig(pp=4, vpp=2)), transformer_engine_available=False)["batch_p2p_comm"]
+
+
 def test_allgather_dispatcher_over_expert_parallel_ranks_is_refused() -> None:
     """Found by the CPU layout runs: EP2 x DP2 with allgather gathers unequal token counts."""
     allgather = replace(LOCAL, moe_token_dispatcher_type="allgather")

@@ -166,6 +166,12 @@ def provider_settings(
             "actor.megatron.moe_permute_fusion on the local layers (grpo's own permutation) needs "
             f"moe_token_dispatcher_type=alltoall, got {mc.moe_token_dispatcher_type!r}: set one of the two"
         )
+    if _two_stage_interleaved(parallel) and mc.override_transformer_config.get("batch_p2p_comm"):
+        raise ValueError(
+            "actor.megatron.override_transformer_config.batch_p2p_comm=true with parallel.pp=2 and "
+            "parallel.vpp > 1 swaps activations and gradients between the two stages; remove it (grpo "
+            "sends unbatched there) or change pp/vpp"
+        )
     if mc.moe_token_dispatcher_type == "allgather" and parallel.ep > 1:
         # Its all-gather over an expert-parallel group needs the same token count on every rank of
         # the group, and those ranks hold different data-parallel rows, each micro-batch as long as
