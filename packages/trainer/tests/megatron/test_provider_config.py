@@ -36,7 +36,7 @@ def _cfg(
 def test_local_settings_map_every_option() -> None:
     megatron = replace(
         LOCAL,
-        moe_token_dispatcher_type="allgather",
+        moe_token_dispatcher_type="flex",  # not the default; allgather is refused at ep > 1
         moe_aux_loss_coeff=0.001,
         moe_z_loss_coeff=0.0,
         moe_router_load_balancing_type="seq_aux_loss",
@@ -60,7 +60,7 @@ def test_local_settings_map_every_option() -> None:
         "fp16": False,
         "moe_grouped_gemm": False,
         "moe_permute_fusion": False,
-        "moe_token_dispatcher_type": "allgather",
+        "moe_token_dispatcher_type": "flex",
         "moe_aux_loss_coeff": 0.001,
         "moe_z_loss_coeff": None,
         "moe_router_load_balancing_type": "seq_aux_loss",
