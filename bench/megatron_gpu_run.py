@@ -182,27 +182,18 @@ def phase_grpo(out: Path, steps: int) -> None:
     torch.cuda.empty_cache()
 
 
-def state_roundtrip(backend: Any, batch: Any, work: Path) -> None:
+def state_roundtrip(actor: Any, batch: Any, work: Path) -> None:
     """Checkpoint through grpo_ckpt, one more update, load back: log-probs return to the saved ones."""
     from grpo_ckpt import CheckpointManager
+    from grpo_trainer.actor_checkpoint import load_actor, save_actor
 
-    before = backend.log_probs(batch)["log_probs"]
-    state = backend.state_dict()
+    before = actor.log_probs(batch)["log_probs"]
     manager = CheckpointManager(work / "ckpt")
-    manager.save(
-        1,
-        model=state["model"],
-        optimizer=state["optimizer"],
-        scheduler=state["scheduler"],
-        trainer_state={"step": 1},
-    )
-    backend.update(batch)
-    moved = (backend.log_probs(batch)["log_probs"] - before).abs().max().item()
-    loaded = manager.load(manager.latest_complete())
-    backend.load_state_dict(
-        {"model": loaded.model, "optimizer": loaded.optimizer, "scheduler": loaded.scheduler}
-    )
-    back = (backend.log_probs(batch)["log_probs"] - before).abs().max().item()
+    save_actor(manager, 1, actor, contents=("model", "optimizer", "extra"), trainer_state={"step": 1})
+    actor.update(batch)
+    moved = (actor.log_probs(batch)["log_probs"] - before).abs().max().item()
+    load_actor(manager, manager.latest_complete(), actor)
+    back = (actor.log_probs(batch)["log_probs"] - before).abs().max().item()
     RESULTS["ckpt_roundtrip"] = {"moved_after_update": moved, "max_abs_after_load": back}
 
 

@@ -443,9 +443,10 @@ def test_dry_run_plans_the_shipped_model_whole_when_unsharded(model: str, total_
     assert sharded["memory_plan"]["training_gib"]["weights"] < total_gib / 5
 
 
-def test_a_resume_at_other_parallel_sizes_stops_before_launch(launch_env, monkeypatch, tmp_path, capsys) -> None:
-    """A Megatron checkpoint saved by the GPU profile (pp=1) resumed by the NPU one (pp=2): exit 2
-    and one line before the model, the data or any worker is touched (docs/LAYOUTS.md)."""
+def test_a_resume_from_a_checkpoint_without_megatron_state_stops_before_launch(launch_env, monkeypatch, tmp_path, capsys) -> None:
+    """A Megatron run resuming a checkpoint that holds no Megatron state (grpo's earlier per-shard
+    format): exit 2 and one line before the model, the data or any worker is touched. Other
+    parallel sizes alone are no reason: the state is resharded on load (docs/LAYOUTS.md)."""
     import torch
 
     from grpo_ckpt import CheckpointManager
@@ -459,5 +460,4 @@ def test_a_resume_at_other_parallel_sizes_stops_before_launch(launch_env, monkey
     assert main_35b(["--device", "npu", "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert "saved at backend=megatron tp=2 pp=1 vpp=1 ep=8" in err and "this run asks backend=megatron tp=2 pp=2" in err
-    assert "checkpoint.resume=none" in err
+    assert "global_step_20 holds no Megatron state (megatron/)" in err and "checkpoint.resume=none" in err

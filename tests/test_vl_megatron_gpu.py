@@ -181,20 +181,17 @@ def test_a_checkpoint_restores_the_tower_and_its_optimizer_state(actor, vl, tmp_
     log-probs with images are the saved ones, and an update from the loaded state moves the tower
     as the live one did (its Adam moments came back)."""
     from grpo_ckpt import CheckpointManager
+    from grpo_trainer.actor_checkpoint import load_actor, save_actor
 
     batch = _batch(vl, images_of=[0, 1, 2, 3])
     batch.old_log_probs = actor.log_probs(batch)["log_probs"]
     actor.update_mini_batch(batch)
-    state = actor.state_dict()
-    assert any("vision_tower" in key for key in state["model"])
     tower, before = _tower(actor), actor.log_probs(batch)["log_probs"]
     manager = CheckpointManager(tmp_path / "ckpt")
-    manager.save(1, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"], trainer_state={})
-    del state
+    save_actor(manager, 1, actor, contents=("model", "optimizer", "extra"), trainer_state={})
     actor.update_mini_batch(batch)
     live = _tower(actor)
-    loaded = manager.load(manager.latest_complete())
-    actor.load_state_dict({"model": loaded.model, "optimizer": loaded.optimizer, "scheduler": loaded.scheduler})
+    load_actor(manager, manager.latest_complete(), actor)
     assert all(torch.equal(_tower(actor)[n], tower[n]) for n in tower)
     torch.testing.assert_close(actor.log_probs(batch)["log_probs"], before, rtol=0, atol=1e-5)
     actor.update_mini_batch(batch)

@@ -204,3 +204,34 @@ def test_tied_and_non_contiguous_tensors_round_trip(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path)
     loaded = manager.load(manager.save(1, model=model, optimizer=None, scheduler=None, trainer_state={}))
     _assert_tree_equal(model, loaded.model)
+
+
+def test_a_writers_files_join_the_manifest_and_a_failing_writer_completes_nothing(tmp_path: Path) -> None:
+    """A library's own checkpoint files (Megatron's distributed checkpoint keeps its index in a
+    hidden `.metadata`) are hashed with the rest; a writer that raises leaves `latest` where it was."""
+    manager = CheckpointManager(tmp_path)
+
+    def write(directory: Path) -> None:
+        assert directory == tmp_path / "global_step_1" / "megatron" and not any(directory.iterdir())
+        (directory / ".metadata").write_bytes(b"index")
+        (directory / "__0_0.distcp").write_bytes(b"tensors")
+
+    path = _save(manager, 1, writers={"megatron": write})
+    manifest = manager.load(path).manifest
+    assert {"megatron/.metadata", "megatron/__0_0.distcp"} <= set(manifest["files"])
+    assert manifest["components"] == ["dataloader", "megatron", "model", "optimizer", "scheduler"]
+    (path / "megatron" / ".metadata").write_bytes(b"INDEX")
+    with pytest.raises(CheckpointCorruptError, match=r"megatron/\.metadata: sha256"):
+        verify(path)
+
+    good = _save(manager, 2)
+
+    def fail(directory: Path) -> None:
+        (directory / "part").write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _save(manager, 3, writers={"megatron": fail})
+    assert manager.latest_complete() == good
+    with pytest.raises(ValueError, match=r"writers \['model'\]"):
+        _save(manager, 4, writers={"model": write})

@@ -6,6 +6,7 @@ Layout under `root`:
     global_step_N/
       model/ optimizer/ scheduler/ dataloader/   structure.json + DCP safetensors shards
       rng/rank_00000.json       python, numpy, torch and device RNG, one file per rank
+      <writer>/                 state a library writes itself (`save(writers=...)`: Megatron's)
       trainer_state.json  transformer_config.json  extra/<name>
       manifest.json             written last: sizes and sha256 of everything above
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,7 @@ class CheckpointManager:
         transformer_config: Any = None,
         extra_files: dict[str, bytes] | None = None,
         manifest_extra: dict[str, Any] | None = None,
+        writers: dict[str, Callable[[Path], None]] | None = None,
     ) -> Path:
         """Write a complete checkpoint for `step` and point `latest` at it. Captures RNG itself.
 
@@ -101,6 +104,9 @@ class CheckpointManager:
         plain tensors under keys of its own (a Megatron model-parallel rank's shards); rank 0's
         trainer_state, dataloader_state, transformer_config and extra files are the ones written.
         `manifest_extra` is merged into manifest.json (e.g. keys an HF export skipped).
+        `writers`: state a library writes itself (Megatron's distributed checkpoint), name ->
+        function called on every rank with the empty directory `global_step_N/<name>`; its files
+        join the manifest like the others.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -110,8 +116,11 @@ class CheckpointManager:
         trees = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "dataloader": dataloader_state}
         # Refuse bad input before touching the disk (re-saving a step deletes the old one first).
         flat = {name: flatten_state(tree) for name, tree in trees.items() if tree is not None}
-        for name in extra_files or {}:
+        for name in [*(extra_files or {}), *(writers or {})]:
             _check_extra_name(name)
+        clashes = sorted(set(writers or {}) & {*COMPONENTS, "rng", "extra"})
+        if clashes:
+            raise ValueError(f"writers {clashes} would write into the checkpoint's own directories; name them otherwise")
         if rank == 0:
             log.info("ckpt.save_start", step=step, path=str(step_dir))
             self._prepare_empty(step_dir)
@@ -122,6 +131,11 @@ class CheckpointManager:
             # Ranks may each hold entries the others lack (a model-parallel rank's own shards).
             merged = merge_skeletons(all_gather_objects(skeleton)) if world > 1 else skeleton
             hashed.update(self._save_component(step_dir / name, merged, tensors, write_structure=rank == 0))
+        for name, write in (writers or {}).items():
+            if rank == 0:
+                (step_dir / name).mkdir()
+            barrier()
+            write(step_dir / name)
         (step_dir / "rng").mkdir(exist_ok=True)
         atomic_write_json(step_dir / "rng" / f"rank_{rank:05d}.json", capture_rng())
         if rank == 0:
@@ -140,7 +154,8 @@ class CheckpointManager:
         if rank == 0:
             for directory in [p for p in step_dir.rglob("*") if p.is_dir()] + [step_dir, self.root]:
                 fsync_dir(directory)
-            extra = {"world_size": world, "components": sorted(k for k, v in trees.items() if v is not None)}
+            components = sorted([*(k for k, v in trees.items() if v is not None), *(writers or {})])
+            extra = {"world_size": world, "components": components}
             manifest = mf.build_manifest(step=step, files=records, extra={**extra, **(manifest_extra or {})})
             mf.write_manifest(step_dir, manifest)
             atomic_write_bytes(self.root / LATEST, f"{step_dir.name}\n".encode())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -34,16 +35,19 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "grpo-ckpt"
 VERSION = 1
 _CHUNK = 16 << 20
+_TEMP_FILE = re.compile(r"^\..+\.tmp-\d+$")  # atomic_io.atomic_write_bytes
 
 FileRecord = dict[str, Any]  # {"size": int, "sha256": str}
 
 
 def list_payload_files(step_dir: Path) -> list[str]:
-    """Relative paths of every file in the checkpoint except the manifest and hidden temp files."""
+    """Relative paths of every file in the checkpoint except the manifest and the temp files of
+    `atomic_io` (`.<name>.tmp-<pid>`). Other hidden files are payload: torch's distributed
+    checkpoint keeps its index in `.metadata`."""
     found = []
     for path in step_dir.rglob("*"):
         rel = path.relative_to(step_dir)
-        if path.is_file() and rel.as_posix() != MANIFEST_NAME and not any(p.startswith(".") for p in rel.parts):
+        if path.is_file() and rel.as_posix() != MANIFEST_NAME and not _TEMP_FILE.match(path.name):
             found.append(rel.as_posix())
     return sorted(found)
 

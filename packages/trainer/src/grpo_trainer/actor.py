@@ -123,12 +123,3 @@ class Actor:
         metrics = self.loss.metrics(dict(zip(self.loss.metric_names, sums.tolist(), strict=True)), scale)
         metrics.update(grad_norm=step.grad_norm, lr=lr, step_skipped=float(not step.stepped))
         return metrics
-
-    # -- state ------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {**self.backend.state_dict(), "scheduler": self.schedule.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.backend.load_state_dict({k: v for k, v in state.items() if k != "scheduler"})
-        if "scheduler" in state:
-            self.schedule.load_state_dict(state["scheduler"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -134,12 +135,6 @@ class PolicyBackend(Protocol):
         """HF-named full tensors, for rollout weight sync and HF export."""
         ...
 
-    def state_dict(self) -> dict[str, Any]:
-        """{"model": ..., "optimizer": ...}: this rank's shard, plain nested dicts of tensors."""
-        ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
     def export_hf(self, path: str, *, strict: bool) -> Any:
         """Hugging Face safetensors of the current weights under `path`; returns grpo_ckpt's
         `ExportReport` (expected vs written keys). Collective: every rank calls it."""
@@ -152,4 +147,32 @@ class PolicyBackend(Protocol):
 
     def onload(self) -> None:
         """Bring back what `offload` moved."""
+        ...
+
+
+@runtime_checkable
+class TensorState(Protocol):
+    """A backend whose checkpoint state `grpo_ckpt.CheckpointManager` stores (the torch backend)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """{"model": ..., "optimizer": ...}: this rank's shard, plain nested dicts of tensors."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class DirectoryState(Protocol):
+    """A backend that writes its checkpoint state into a directory of the checkpoint itself (the
+    Megatron backend: a distributed checkpoint that loads at another parallel layout)."""
+
+    state_directory: str  # its name under global_step_N/
+
+    def save_state(self, directory: Path, *, optimizer: bool) -> None:
+        """Write the model (and, with `optimizer`, the optimizer's) state into the empty
+        `directory`. Collective."""
+        ...
+
+    def load_state(self, directory: Path) -> None:
+        """Restore what `save_state` wrote, at this run's layout. Collective."""
         ...

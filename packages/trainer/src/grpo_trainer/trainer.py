@@ -44,7 +44,7 @@ from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.metrics import MetricsLogger, plot_metrics
 from grpo_trainer.policy_workers import PolicyWorkers, process_count
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
-from grpo_trainer.resume_layout import LAYOUT_KEY, check_resume_layout, checkpoint_layout
+from grpo_trainer.resume_layout import LAYOUT_KEY, check_resume_layout, checkpoint_layout, layout_change
 from grpo_trainer.reward_shaping import KLController, kl_reward_penalty, overlong_penalty
 from grpo_trainer.rewards import RewardManager, RewardResult
 from grpo_trainer.rollout_correction import RolloutCorrection, mismatch_metrics
@@ -599,8 +599,12 @@ def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) 
     from grpo_ckpt import CheckpointManager
 
     wall_start = time.perf_counter()
-    # Before anything heavy: a Megatron checkpoint resumes only at the sizes it was saved at.
-    check_resume_layout(cfg, CheckpointManager(cfg.checkpoint.dir).resolve_resume(cfg.checkpoint.resume))
+    # Before anything heavy: a checkpoint of the other backend, or without Megatron state, is refused.
+    resume_from = CheckpointManager(cfg.checkpoint.dir).resolve_resume(cfg.checkpoint.resume)
+    check_resume_layout(cfg, resume_from)
+    change = layout_change(cfg, resume_from)
+    if change:
+        log.info("train.resume_resharded", path=str(resume_from), layout=change)
     run = _Run(cfg)
     cpus = (os.cpu_count() or 1) if resolve_device_kind(cfg) is DeviceKind.CPU else None
     processes = process_count(cfg)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from grpo_config.schema import TrainerConfig
 from grpo_trainer.actor import Actor
+from grpo_trainer.actor_checkpoint import load_actor, save_actor
 from grpo_trainer.backends import make_backend
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
@@ -186,16 +187,12 @@ class PolicyWorker:
         from grpo_ckpt import CheckpointManager
 
         ckpt = self.cfg.checkpoint
-        manager = CheckpointManager(ckpt.dir, max_to_keep=ckpt.max_to_keep)
         actor = self._actor()
-        state = actor.state_dict()
-        contents = set(ckpt.save_contents)
-        path = manager.save(
+        path = save_actor(
+            CheckpointManager(ckpt.dir, max_to_keep=ckpt.max_to_keep),
             step,
-            model=state["model"] if "model" in contents else None,
-            optimizer=state.get("optimizer") if "optimizer" in contents else None,
-            # The LR schedule's position travels with the optimizer or, as in verl, with "extra".
-            scheduler=state.get("scheduler") if contents & {"optimizer", "extra"} else None,
+            actor,
+            contents=ckpt.save_contents,
             trainer_state=trainer_state,
             dataloader_state=dataloader_state,
             transformer_config=getattr(getattr(actor.backend, "module", None), "config", None),
@@ -232,17 +229,7 @@ class PolicyWorker:
         returns the trainer and dataloader state saved with it."""
         from grpo_ckpt import CheckpointManager, restore_rng
 
-        loaded = CheckpointManager(Path(path).parent).load(path)
-        if loaded.model is None:
-            raise ValueError(
-                f"checkpoint {path} holds no model weights (checkpoint.save_contents lacked 'model')"
-            )
-        state: dict[str, Any] = {"model": loaded.model}
-        if loaded.optimizer is not None:
-            state["optimizer"] = loaded.optimizer
-        if loaded.scheduler is not None:
-            state["scheduler"] = loaded.scheduler
-        self._actor().load_state_dict(state)
+        loaded = load_actor(CheckpointManager(Path(path).parent), path, self._actor())
         if loaded.rng is not None:
             restore_rng(loaded.rng)
         if self.engine is not None:  # rollout workers of their own are sent the weights by the driver

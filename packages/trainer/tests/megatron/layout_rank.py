@@ -6,7 +6,10 @@ at the spec's parallel sizes, in float32 on the CPU over gloo. In order:
 2. log-probs of this data-parallel rank's rows;
 3. one optimizer step through `Actor.update_mini_batch` (the loss and grad norm it reports);
 4. the weights after that step, compared likewise, and log-probs under them;
-5. the strict HF export (`export_hf`, Megatron-Bridge `save_hf_weights`) into `out/export`.
+5. the strict HF export (`export_hf`, Megatron-Bridge `save_hf_weights`) into `out/export`;
+6. with "checkpoint": a checkpoint as the workers save it (`actor_checkpoint.save_actor`), then a
+   second update. With "resume": only the load of such a checkpoint (`load_actor`, at this run's
+   layout) and the second update.
 Writes `out/rank{R}.json` (numbers) and `out/rank{R}.pt` (tensors); the reference run also writes
 its weights (`out/weights_{before,after}.pt`).
 """
@@ -186,12 +189,9 @@ def _first_update(
 def _save(actor: Any, root: Path) -> None:
     """As `PolicyWorker.save_checkpoint` saves: model, optimizer and scheduler through grpo_ckpt."""
     from grpo_ckpt import CheckpointManager
+    from grpo_trainer.actor_checkpoint import save_actor
 
-    state = actor.state_dict()
-    CheckpointManager(root).save(
-        1, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"],
-        trainer_state={"global_step": 1},
-    )
+    save_actor(CheckpointManager(root), 1, actor, contents=("model", "optimizer", "extra"), trainer_state={"global_step": 1})
 
 
 def _second_update(actor: Any, batch: Any, result: dict, tensors: dict) -> None:
@@ -205,11 +205,11 @@ def _resume(spec: dict[str, Any], actor: Any, batch: Any, result: dict, tensors:
     """Load the checkpoint another run saved after its first update (as `PolicyWorker.load_checkpoint`
     does), then its second update; a refusal is recorded, not raised."""
     from grpo_ckpt import CheckpointManager
+    from grpo_trainer.actor_checkpoint import load_actor
 
     path = Path(spec["resume"])
-    loaded = CheckpointManager(path.parent).load(path)
     try:
-        actor.load_state_dict({"model": loaded.model, "optimizer": loaded.optimizer, "scheduler": loaded.scheduler})
+        load_actor(CheckpointManager(path.parent), path, actor)
     except ValueError as exc:
         result["refused"] = str(exc)
         return

@@ -184,12 +184,14 @@ def test_the_same_loss_as_the_torch_backend_on_the_same_weights_and_batch(
     grpo_device.empty_cache()
 
 
-def _optimizer_tensors(optimizer_state) -> dict[str, torch.Tensor]:
-    """A snapshot of every tensor of the state, keyed by the checkpoint's own flat paths."""
-    from grpo_ckpt.structure import flatten_state
+def _optimizer_tensors(actor) -> dict[str, torch.Tensor]:
+    """A snapshot of every Adam moment and main parameter of the live optimizer, in its own order."""
+    from grpo_trainer.backends.megatron.offload import _optimizer_tensors as live_tensors
 
-    _, tensors = flatten_state(optimizer_state)
-    return {key: t.detach().float().cpu().clone() for key, t in tensors.items()}
+    snapshot = {}
+    for index, (_, key, tensor) in enumerate(live_tensors(actor.backend.optimizer)):
+        snapshot[f"{index}.{key or 'main_param'}"] = tensor.detach().float().cpu().clone()
+    return snapshot
 
 
 def test_checkpoint_round_trip_restores_weights_and_optimizer(actor, tmp_path: Path) -> None:
@@ -198,19 +200,16 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(actor, tmp_path: P
     update from the loaded state is compared with the one from the live state, against the
     run-to-run spread of two updates from the same loaded state."""
     from grpo_ckpt import CheckpointManager
+    from grpo_trainer.actor_checkpoint import load_actor, save_actor
 
     batch = _batch(seed=1)
     batch.old_log_probs = actor.log_probs(batch)["log_probs"]
     noise = (actor.log_probs(batch)["log_probs"] - batch.old_log_probs).abs().max().item()
     actor.update_mini_batch(batch)
-    state = actor.state_dict()
-    saved_optimizer = _optimizer_tensors(state["optimizer"])
+    saved_optimizer = _optimizer_tensors(actor)
     before = actor.log_probs(batch)["log_probs"]
     manager = CheckpointManager(tmp_path / "ckpt")
-    manager.save(
-        1, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"], trainer_state={}
-    )
-    del state
+    save_actor(manager, 1, actor, contents=("model", "optimizer", "extra"), trainer_state={})
 
     metrics = actor.update_mini_batch(batch)
     assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if k != "step_skipped")
@@ -218,14 +217,11 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(actor, tmp_path: P
     moved = (live_update - before).abs().max().item()
 
     def load() -> None:
-        loaded = manager.load(manager.latest_complete())
-        actor.load_state_dict(
-            {"model": loaded.model, "optimizer": loaded.optimizer, "scheduler": loaded.scheduler}
-        )
+        load_actor(manager, manager.latest_complete(), actor)
 
     load()
     back = (actor.log_probs(batch)["log_probs"] - before).abs().max().item()
-    restored = _optimizer_tensors(actor.state_dict()["optimizer"])
+    restored = _optimizer_tensors(actor)
     assert sorted(restored) == sorted(saved_optimizer)
     optimizer_diff = max((restored[k] - saved_optimizer[k]).abs().max().item() for k in saved_optimizer)
     actor.update_mini_batch(batch)

@@ -1,10 +1,9 @@
 """The Adam `step` handling of `backends/megatron/state.py` on a real torch Adam, CPU.
 
-megatron-core's DistributedOptimizer needs CUDA, so a namespace with its `.optimizer` attribute
-(the inner torch optimizer) stands in for it here; the state it is given is built the way
-megatron-core 0.19's `load_state_dict` builds it without Apex/TE (one `step` tensor shared by
-every parameter). The whole round trip on a real DistributedOptimizer is
-test_megatron_gpu.py::test_checkpoint_round_trip_restores_weights_and_optimizer.
+Namespaces with the `.optimizer` attribute (the inner torch optimizer) stand in for megatron-core's
+optimizers here; the state they are given is built the way megatron-core 0.19's `load_state_dict`
+builds it without Apex/TE (one `step` tensor shared by every parameter). The whole save and load on
+real ones, at other layouts too: test_layouts.py (CPU ranks) and test_megatron_gpu.py (GPU).
 """
 
 from __future__ import annotations
@@ -68,49 +67,45 @@ def test_an_optimizer_without_state_is_left_alone() -> None:
         pass
 
 
-def test_an_offloaded_optimizer_s_class_setting_is_left_out_of_the_checkpoint_and_taken_back() -> None:
-    """With actor.megatron.optimizer_offload, megatron-core's HybridDeviceOptimizer keeps its CPU
-    optimizer's class in every param group (seen on the H200: the last save of a 20-step run
-    failed with "cannot checkpoint a builtins.type at .../param_groups/0/cpu_optimizer_cls")."""
-    from grpo_ckpt.structure import flatten_state
-    from grpo_trainer.backends.megatron.state import with_live_classes, without_classes
+def test_the_saved_adam_step_goes_where_each_optimizer_reads_it() -> None:
+    """The stored tensors hold no step: torch's Adam reads it per parameter, megatron-core's
+    distributed optimizer (without Apex/TE) and TE's FusedAdam from the param groups."""
+    from grpo_trainer.backends.megatron.state import _with_step
 
-    live = {
+    tree = {
         "optimizer": {
-            "state": {0: {"exp_avg": torch.ones(2)}},
-            "param_groups": [{"lr": 0.1, "cpu_optimizer_cls": torch.optim.Adam, "params": [0]}],
+            "state": {0: {"exp_avg": torch.ones(2)}, 1: {"exp_avg": torch.ones(2), "step": torch.tensor(0.0)}},
+            "param_groups": [{"lr": 0.1, "step": 0}, {"lr": 0.2}],
         },
         "fp32_from_fp16_params": [[torch.zeros(2)]],
     }
-    saved = without_classes(live)
-    assert "cpu_optimizer_cls" not in saved["optimizer"]["param_groups"][0]
-    flatten_state(saved)  # a checkpoint holds it
-    restored = with_live_classes(saved, live)
-    assert restored["optimizer"]["param_groups"][0]["cpu_optimizer_cls"] is torch.optim.Adam
-    assert restored["optimizer"]["param_groups"][0]["lr"] == 0.1
-    assert torch.equal(restored["optimizer"]["state"][0]["exp_avg"], torch.ones(2))
+    _with_step(tree, 7, per_parameter=True)
+    assert [float(e["step"]) for e in tree["optimizer"]["state"].values()] == [7.0, 7.0]
+    assert tree["optimizer"]["state"][0]["step"] is not tree["optimizer"]["state"][1]["step"]
+    assert [g["step"] for g in tree["optimizer"]["param_groups"]] == [7, 7]
+    fused = {"optimizer": {"state": {0: {"exp_avg": torch.ones(2)}}, "param_groups": [{"lr": 0.1}]}}
+    _with_step(fused, 7, per_parameter=False)
+    assert "step" not in fused["optimizer"]["state"][0] and fused["optimizer"]["param_groups"][0]["step"] == 7
 
 
-class _FreshDistributedOptimizer:
-    """Stands in for megatron-core's DistributedOptimizer (CUDA only) as `train()` finds it on a
-    resume: built, no step taken, so its `state_dict()` fails (without Apex/TE it asserts one Adam
-    step count: seen on the H200). Its inner optimizer's groups hold the offload class setting."""
+def test_a_fresh_optimizer_is_primed_with_zero_moments_at_step_zero() -> None:
+    """megatron-core cannot describe an optimizer that never stepped (its state dict asserts one
+    step count): it gets its own `init_state_fn`'s zero moments and step 0 before a load."""
+    from grpo_trainer.backends.megatron.state import _prime_fresh_state, adam_step
 
-    def __init__(self) -> None:
-        self.optimizer = SimpleNamespace(param_groups=[{"lr": 0.5, "cpu_optimizer_cls": torch.optim.Adam}])
-        self.loaded: dict | None = None
+    params = _params(4)
+    inner = torch.optim.Adam(params, lr=1e-2)
 
-    def state_dict(self) -> dict:
-        raise AssertionError("steps")
+    def init_state_fn(opt: torch.optim.Optimizer, config: object) -> None:
+        for p in params:
+            opt.state[p]["exp_avg"] = torch.zeros_like(p)
+            opt.state[p]["exp_avg_sq"] = torch.zeros_like(p)
 
-    def load_state_dict(self, state: dict) -> None:
-        self.loaded = state
-
-
-def test_a_fresh_optimizer_loads_without_being_asked_for_its_state_dict() -> None:
-    from grpo_trainer.backends.megatron.state import _load_optimizer_state
-
-    fresh = _FreshDistributedOptimizer()
-    saved = {"optimizer": {"param_groups": [{"lr": 0.1}]}}
-    _load_optimizer_state(fresh, [{"state_dict": saved}])
-    assert fresh.loaded == {"optimizer": {"param_groups": [{"lr": 0.1, "cpu_optimizer_cls": torch.optim.Adam}]}}
+    fresh = SimpleNamespace(optimizer=inner, init_state_fn=init_state_fn, config=None)
+    assert adam_step(fresh) == 0
+    _prime_fresh_state(SimpleNamespace(chained_optimizers=[fresh]))
+    assert all(float(inner.state[p]["step"]) == 0.0 and not inner.state[p]["exp_avg"].any() for p in params)
+    _step(inner, params, seed=5)
+    assert adam_step(fresh) == 1
+    _prime_fresh_state(fresh)  # a stepped optimizer is left alone
+    assert adam_step(fresh) == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -32,7 +33,7 @@ from grpo_trainer.backends.megatron.build import (
     wire_model_config,
 )
 from grpo_trainer.backends.megatron.imports import import_megatron_stack
-from grpo_trainer.backends.megatron.state import load_policy_state, policy_state
+from grpo_trainer.backends.megatron.state import load_policy_state, save_policy_state
 from grpo_trainer.backends.megatron.vision_tower import VisionLanguage, decoder_input
 from grpo_trainer.backends.megatron.vocab_parallel import vocab_parallel_log_probs
 from grpo_trainer.devices import resolve_device_kind
@@ -260,34 +261,14 @@ class MegatronBackend:
             vision_language_source=self.policy.vision_language_source,
         )
 
-    def shard_name(self) -> str:
-        """This rank's model-parallel shard: ranks that differ only in their data-parallel rank hold
-        the same one. A checkpoint keys each rank's state by it (every shard is saved)."""
-        mpu = self._mpu
-        coordinates = (
-            ("tp", mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()),
-            ("pp", mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()),
-            ("ep", mpu.get_expert_model_parallel_rank(), mpu.get_expert_model_parallel_world_size()),
-            ("etp", mpu.get_expert_tensor_parallel_rank(), mpu.get_expert_tensor_parallel_world_size()),
-        )
-        return "_".join(f"{name}{rank}of{size}" for name, rank, size in coordinates)
+    state_directory = "megatron"
 
-    def state_dict(self) -> dict[str, Any]:
-        state = policy_state(self.model, self.optimizer)
-        return {part: {self.shard_name(): value} for part, value in state.items()}
+    def save_state(self, directory: Path, *, optimizer: bool) -> None:
+        save_policy_state(self.model, self.optimizer, directory, with_optimizer=optimizer)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        own = self.shard_name()
-        saved = sorted(state["model"])
-        if own not in state["model"]:
-            raise ValueError(
-                f"the checkpoint holds the Megatron shards {saved[:4]}{' ...' if len(saved) > 4 else ''}, "
-                f"not this rank's {own}: it was saved at other tensor/pipeline/expert parallel sizes. "
-                "Resume with the sizes it was saved with, or start from its HF export "
-                "(actor.model_path=<step>/huggingface, checkpoint.resume=none: the optimizer state starts anew)"
-            )
-        load_policy_state(self.model, self.optimizer, {part: value[own] for part, value in state.items()})
-        # The loaded parameter groups carry the settings they were saved with (fused or not).
+    def load_state(self, directory: Path) -> None:
+        load_policy_state(self.model, self.optimizer, directory)
+        # The optimizer's param groups keep this run's settings; fused Adam where it can run.
         use_fused_torch_adam(self.optimizer)
 
     def offload(self, *, weights: bool, grads: bool, optimizer: bool) -> None:
