@@ -44,7 +44,9 @@ CPU_MEGATRON = {
 }
 
 
-def _profile_layout_config(profile: Any, workdir: Path, device: str = "gpu") -> tuple[dict[str, Any], int]:
+def _profile_layout_config(
+    profile: Any, workdir: Path, device: str = "gpu", *, prompts: int | None = None
+) -> tuple[dict[str, Any], int]:
     from grpo_launch import tiny_preset
     from grpo_launch.profile import deep_merge
 
@@ -58,12 +60,12 @@ def _profile_layout_config(profile: Any, workdir: Path, device: str = "gpu") -> 
             "test_freq": -1,
             "device": {"kind": "cpu", "nnodes": 1, "devices_per_node": world},
             "parallel": gpu["parallel"],
-            "data": {"train_batch_size": world},
+            "data": {"train_batch_size": prompts or world},
             "actor": {
                 "backend": "megatron",
                 "dtype": gpu["actor"]["dtype"],
                 "megatron": megatron,
-                "ppo_mini_batch_size": world,
+                "ppo_mini_batch_size": prompts or world,
                 "ppo_micro_batch_size_per_device": 1,
                 "log_prob_micro_batch_size_per_device": 2,
             },
@@ -75,13 +77,17 @@ def _profile_layout_config(profile: Any, workdir: Path, device: str = "gpu") -> 
     return config, world
 
 
-def _train_at_profile_layout(profile: Any, workdir: Path, device: str = "gpu") -> dict[str, Any]:
+def _train_at_profile_layout(
+    profile: Any, workdir: Path, device: str = "gpu", *, prompts: int | None = None, **overrides: Any
+) -> dict[str, Any]:
     import ray
 
     import grpo_config
+    from grpo_launch.profile import deep_merge
     from grpo_trainer import read_metrics, train
 
-    config, world = _profile_layout_config(profile, workdir, device)
+    config, world = _profile_layout_config(profile, workdir, device, prompts=prompts)
+    config = deep_merge(config, overrides)
     cfg = grpo_config.load(config, [])
     if ray.is_initialized():
         ray.shutdown()  # this run's Ray carries the workers' setup hook
@@ -91,15 +97,20 @@ def _train_at_profile_layout(profile: Any, workdir: Path, device: str = "gpu") -
     }
     result = train(cfg, ray_runtime_env=runtime_env)
     rows = read_metrics(result.metrics_path)
-    return {"world": world, "cfg": cfg, "result": result, "row": rows[max(rows)]}
+    return {"world": world, "cfg": cfg, "result": result, "row": rows[max(rows)], "steps": sorted(rows)}
+
+
+@pytest.fixture(scope="module")
+def gpu_profile_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from grpo_launch_qwen35_35b.profile import PROFILE
+
+    return _train_at_profile_layout(PROFILE, tmp_path_factory.mktemp("gpu_profile"))
 
 
 @pytest.mark.timeout(1500)
-def test_layout_of_the_35b_gpu_profile_trains_a_step(tmp_path: Path) -> None:
+def test_layout_of_the_35b_gpu_profile_trains_a_step(gpu_profile_run: dict[str, Any]) -> None:
     """TP2 x EP8 (sequence parallel), 8 ranks: DP 4, expert DP 1, one expert per rank."""
-    from grpo_launch_qwen35_35b.profile import PROFILE
-
-    run = _train_at_profile_layout(PROFILE, tmp_path)
+    run = gpu_profile_run
     cfg, row = run["cfg"], run["row"]
     assert run["world"] == 8 and (cfg.parallel.tp, cfg.parallel.ep, cfg.parallel.pp) == (2, 8, 1)
     assert run["result"].final_step == 1
@@ -112,17 +123,23 @@ def test_layout_of_the_35b_gpu_profile_trains_a_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(2400)
-def test_layout_of_the_35b_npu_profile_trains_a_step(tmp_path: Path) -> None:
+def test_layout_of_the_35b_npu_profile_resumes_the_gpu_profile_s_checkpoint(gpu_profile_run: dict[str, Any], tmp_path: Path) -> None:
     """TP2 x PP2 x EP8 (sequence parallel), 16 ranks (its full count: one node of 16 NPUs), also the
-    122B GPU profile's layout at its smallest world. Run on CPU ranks as the GPU one: the NPU device
-    itself (torch_npu, hccl, MindSpeed) is not faked here."""
+    122B GPU profile's layout at its smallest world, resuming the GPU profile's step 1 (TP2 x EP8, 8
+    ranks) as a user moving a run between clusters would: the Megatron state is resharded on load and
+    step 2 trains. Run on CPU ranks as the GPU one: the NPU device itself (torch_npu, hccl,
+    MindSpeed) is not faked here."""
     from grpo_launch_qwen35_35b.profile import PROFILE
 
-    run = _train_at_profile_layout(PROFILE, tmp_path, "npu")
-    cfg, row = run["cfg"], run["row"]
+    saved = Path(gpu_profile_run["cfg"].checkpoint.dir) / "global_step_1"
+    run = _train_at_profile_layout(
+        PROFILE, tmp_path, "npu", prompts=8, total_training_steps=2, checkpoint={"resume": str(saved)}
+    )
+    cfg, row, result = run["cfg"], run["row"], run["result"]
     assert run["world"] == 16 and (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.ep) == (2, 2, 8)
-    assert run["result"].final_step == 1
+    assert result.resumed_from == saved and result.final_step == 2 and run["steps"] == [2]
     for key in ("actor/pg_loss", "actor/grad_norm", "reward/mean"):
         assert key in row and row[key] == row[key], key
-    manifest = json.loads((Path(cfg.checkpoint.dir) / "global_step_1" / "manifest.json").read_text())
-    assert manifest["world_size"] == 16
+    manifest = json.loads((Path(cfg.checkpoint.dir) / "global_step_2" / "manifest.json").read_text())
+    assert manifest["world_size"] == 16 and "megatron" in manifest["components"]
+

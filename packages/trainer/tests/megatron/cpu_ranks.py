@@ -185,39 +185,49 @@ class RanksFailed(RuntimeError):
     pass
 
 
-def run_ranks(program: Path, spec: dict[str, Any], *, world_size: int, out: Path, timeout_s: float = 900) -> list[dict]:
+def run_ranks(
+    program: Path, spec: dict[str, Any], *, world_size: int, out: Path, timeout_s: float = 900, forked: bool = False
+) -> list[dict]:
     """Run `program spec.json` as `world_size` rank processes over gloo; each rank writes
     `out/rank{R}.json`. Returns those results in rank order; raises `RanksFailed` with the failing
-    ranks' log tails when any rank fails or the run times out."""
+    ranks' log tails when any rank fails or the run times out. `forked`: the ranks are forks of one
+    process that imported the Megatron stack once (`forked_ranks.py`; `layout_rank.py` only), for
+    world sizes whose separate processes would not fit in memory."""
     out.mkdir(parents=True, exist_ok=True)
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps({**spec, "out": str(out)}))
     port = free_port()
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
+    if forked:
+        commands = [([sys.executable, str(HERE / "forked_ranks.py"), str(spec_path), str(world_size)], env, "forked")]
+    else:
+        commands = [
+            ([sys.executable, str(program), str(spec_path)], {**env, "RANK": str(rank)}, f"rank{rank}")
+            for rank in range(world_size)
+        ]
     procs = []
-    for rank in range(world_size):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-        }
-        log = (out / f"rank{rank}.log").open("w")
-        procs.append(
-            subprocess.Popen([sys.executable, str(program), str(spec_path)], env=env, stdout=log, stderr=subprocess.STDOUT)
-        )
+    for command, proc_env, name in commands:
+        log = (out / f"{name}.log").open("w")
+        procs.append(subprocess.Popen(command, env=proc_env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout_s
     failed = []
-    for rank, proc in enumerate(procs):
+    for index, proc in enumerate(procs):
         try:
             code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             code = "timeout"
         if code != 0:
-            failed.append((rank, code))
+            failed.append((index, code))
+    if forked and failed:
+        failed = [(rank, failed[0][1]) for rank in range(world_size) if not (out / f"rank{rank}.json").exists()] or failed
     if failed:
         for proc in procs:
             proc.kill()

@@ -63,6 +63,14 @@ LAYOUTS = [
     # tower in front of the first pipeline stage.
     Layout("vision_language_tp2_sp", {"tp": 2}, 2, {"vision_language": True}),
     Layout("vision_language_pp2", {"pp": 2}, 2, {"vision_language": True}),
+    # The 122B profiles' layouts at their full rank counts (4 nodes of 8 GPUs / 16 NPUs), one expert
+    # per expert-parallel rank; the ranks are forks of one process (`forked_ranks.py`): 32 or 64
+    # separate processes would not fit this machine's memory.
+    Layout("tp2_pp2_ep8_dp8_122b_gpu", {"tp": 2, "pp": 2, "ep": 8}, 32, {"distributed_optimizer": True, "forked": True}),
+    Layout(
+        "tp2_pp4_ep16_dp8_122b_npu", {"tp": 2, "pp": 4, "ep": 16}, 64,
+        {"distributed_optimizer": True, "forked": True, "experts": 16},
+    ),
 ]
 
 
@@ -76,7 +84,8 @@ def _run(model_path: Path, layout: Layout, out: Path, reference: Path | None) ->
     spec = {"model_path": str(model_path), "parallel": layout.parallel, **layout.extra}
     if reference is not None:
         spec["reference"] = str(reference)
-    ranks = cpu_ranks.run_ranks(PROGRAM, spec, world_size=layout.world_size, out=out)
+    forked = bool(layout.extra.get("forked"))
+    ranks = cpu_ranks.run_ranks(PROGRAM, spec, world_size=layout.world_size, out=out, forked=forked, timeout_s=1800)
     tensors = [torch.load(out / f"rank{r['rank']}.pt") for r in ranks]
     return {"out": out, "ranks": ranks, "tensors": tensors}
 
@@ -89,6 +98,12 @@ def _once(layout: Layout, model_path: Path, factory: pytest.TempPathFactory, ref
     if layout.name not in _RUNS:
         _RUNS[layout.name] = {**_run(model_path, layout, factory.mktemp(layout.name), reference), "layout": layout}
     return _RUNS[layout.name]
+
+
+@pytest.fixture(scope="module")
+def sixteen_experts_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = tiny_hf.qwen35_moe_config(num_experts=16)
+    return tiny_hf.save_random_model(config, tmp_path_factory.mktemp("layout16") / "hf", dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +124,9 @@ def layout_run(request: pytest.FixtureRequest, model_path: Path, vision_language
     if layout.extra.get("vision_language"):
         path = vision_language_path
         base = _once(Layout("world1_vision_language", {}, 1, {"vision_language": True}), path, tmp_path_factory, None)
+    elif layout.extra.get("experts") == 16:
+        path = request.getfixturevalue("sixteen_experts_path")
+        base = _once(Layout("world1_sixteen_experts", {}, 1), path, tmp_path_factory, None)
     else:
         path = model_path
         base = _once(Layout("world1", {}, 1), path, tmp_path_factory, None)

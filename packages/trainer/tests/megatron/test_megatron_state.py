@@ -109,3 +109,8 @@ def test_a_fresh_optimizer_is_primed_with_zero_moments_at_step_zero() -> None:
     assert adam_step(fresh) == 1
     _prime_fresh_state(fresh)  # a stepped optimizer is left alone
     assert adam_step(fresh) == 1
+    # megatron-core's load leaves the loaded step in torch Adam's param groups, where it stays (seen
+    # as steps [1, 2] at the save after a resumed step, tests/test_launcher_layouts.py).
+    inner.param_groups[0]["step"] = 1
+    _step(inner, params, seed=6)
+    assert adam_step(fresh) == 2

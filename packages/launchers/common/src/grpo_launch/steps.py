@@ -58,7 +58,8 @@ def preflight_problems(plan: LaunchPlan) -> list[str]:
 
 
 def resume_problem(plan: LaunchPlan) -> str | None:
-    """A resume the checkpoint cannot serve (other Megatron model-parallel sizes), said before launch."""
+    """A resume the checkpoint cannot serve (the other backend or optimizer kind, no Megatron state), said
+    before launch; other Megatron parallel sizes are resharded on load."""
     from grpo_ckpt import CheckpointManager
     from grpo_trainer.resume_layout import resume_layout_problem
 
