@@ -39,9 +39,12 @@ def main(spec_path: str, world_size: int) -> int:
     import grpo_trainer.backends.megatron.backend  # noqa: F401
     from grpo_trainer.backends.megatron.imports import import_megatron_stack
 
-    import_megatron_stack()
-    import megatron.bridge  # noqa: F401
     import transformers  # noqa: F401
+
+    from grpo_ckpt import import_megatron_bridge
+
+    import_megatron_stack("cpu")
+    import_megatron_bridge()
 
     torch.set_num_threads(1)
     out = Path(json.loads(Path(spec_path).read_text())["out"])

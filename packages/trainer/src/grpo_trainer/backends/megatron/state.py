@@ -104,12 +104,14 @@ def adam_step(optimizer: Any) -> int:
     """The optimizer's step count (the same for every parameter; 0 before the first step)."""
     steps: set[float] = set()
     for sub in sub_optimizers(optimizer):
-        inner = sub.optimizer
-        if _per_parameter_step(inner):
-            # A param group's "step" is what megatron-core's load left there; torch's Adam never reads it.
-            steps.update(float(s["step"]) for s in inner.state.values() if "step" in s)
-        else:
-            steps.update(float(g["step"]) for g in inner.param_groups if g.get("step") is not None)
+        # With optimizer_offload the inner optimizer is megatron-core's HybridDeviceOptimizer, which
+        # steps torch Adams of its own (as megatron-core reads its step).
+        for inner in getattr(sub.optimizer, "sub_optimizers", None) or [sub.optimizer]:
+            if _per_parameter_step(inner):
+                # A param group's "step" is what megatron-core's load left there; torch's Adam never reads it.
+                steps.update(float(s["step"]) for s in inner.state.values() if "step" in s)
+            else:
+                steps.update(float(g["step"]) for g in inner.param_groups if g.get("step") is not None)
     if len(steps) > 1:
         raise RuntimeError(f"the optimizer's parameters are at different Adam steps {sorted(steps)}")
     return int(next(iter(steps), 0))
