@@ -34,14 +34,12 @@ def _pss_kib(pid: int) -> int:
 def main(spec_path: str, world_size: int) -> int:
     import layout_rank
     import torch
+    import transformers  # noqa: F401
 
     import grpo_trainer.actor
     import grpo_trainer.backends.megatron.backend  # noqa: F401
-    from grpo_trainer.backends.megatron.imports import import_megatron_stack
-
-    import transformers  # noqa: F401
-
     from grpo_ckpt import import_megatron_bridge
+    from grpo_trainer.backends.megatron.imports import import_megatron_stack
 
     import_megatron_stack("cpu")
     import_megatron_bridge()
