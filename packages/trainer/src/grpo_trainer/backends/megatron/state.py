@@ -59,6 +59,7 @@ def load_policy_state(model: list[torch.nn.Module], optimizer: Any, directory: P
     """Inverse of `save_policy_state`, at this run's layout. Without saved optimizer state the
     optimizer's fp32 copies follow the loaded weights and its moments start at zero."""
     from megatron.core import dist_checkpointing
+    from megatron.core.utils import unwrap_model
 
     contents = read_contents(directory)
     with_optimizer = bool(contents["optimizer"])
@@ -74,8 +75,6 @@ def load_policy_state(model: list[torch.nn.Module], optimizer: Any, directory: P
     # RAISE_ALL: a tensor the model asks for that the checkpoint lacks, or the reverse, is an error.
     loaded = dist_checkpointing.load(request.to_storage(), str(directory), strict="raise_all")
     model_trees, optimizer_tree = request.filled(loaded["tensors"])
-    from megatron.core.utils import unwrap_model
-
     for index, (chunk, tree) in enumerate(zip(unwrap_model(model), model_trees, strict=True)):
         _load_model_chunk(chunk, tree, index)
     if optimizer_tree is None:
