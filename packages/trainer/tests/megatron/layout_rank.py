@@ -182,16 +182,16 @@ def _first_update(
     if report is not None:
         result["export"] = report.to_manifest()
     if spec.get("checkpoint"):
-        _save(actor, out / "ckpt")
+        _save(actor, out / "ckpt", spec.get("save_contents", ["model", "optimizer", "extra"]))
         _second_update(actor, batch, result, tensors)
 
 
-def _save(actor: Any, root: Path) -> None:
-    """As `PolicyWorker.save_checkpoint` saves: model, optimizer and scheduler through grpo_ckpt."""
+def _save(actor: Any, root: Path, contents: list[str]) -> None:
+    """As `PolicyWorker.save_checkpoint` saves (`contents`: checkpoint.save_contents), through grpo_ckpt."""
     from grpo_ckpt import CheckpointManager
     from grpo_trainer.actor_checkpoint import save_actor
 
-    save_actor(CheckpointManager(root), 1, actor, contents=("model", "optimizer", "extra"), trainer_state={"global_step": 1})
+    save_actor(CheckpointManager(root), 1, actor, contents=contents, trainer_state={"global_step": 1})
 
 
 def _second_update(actor: Any, batch: Any, result: dict, tensors: dict) -> None:
@@ -213,6 +213,9 @@ def _resume(spec: dict[str, Any], actor: Any, batch: Any, result: dict, tensors:
     except ValueError as exc:
         result["refused"] = str(exc)
         return
+    from grpo_trainer.backends.megatron.state import adam_step
+
+    result["adam_step_after_load"] = adam_step(actor.backend.optimizer)
     _second_update(actor, batch, result, tensors)
 
 

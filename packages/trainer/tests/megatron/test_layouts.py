@@ -276,3 +276,18 @@ def test_layout_resume_with_the_other_optimizer_kind_is_refused(model_path: Path
     refused = _resumed(saved, model_path, tmp_path_factory, "resumed_plain_optimizer", {}, 1)
     assert "set actor.megatron.use_distributed_optimizer=true to resume" in refused["ranks"][0]["refused"]
 
+
+def test_layout_a_model_only_checkpoint_resumes_its_weights_with_a_fresh_optimizer(model_path: Path, reference: dict, tmp_path_factory) -> None:
+    """`checkpoint.save_contents=[model]` at TP2: resumed at world size 1, the weights are the saved
+    ones (the log-probs before the second update equal the saving run's) and the optimizer starts anew
+    (Adam step 0, so its second update differs from the saving run's)."""
+    saved_layout = Layout("tp2_model_only", {"tp": 2}, 2, {"checkpoint": True, "save_contents": ["model"]})
+    saved = _once(saved_layout, model_path, tmp_path_factory, reference["out"])
+    resumed = _resumed(saved, model_path, tmp_path_factory, "resumed_model_only", {}, 1)
+    result = resumed["ranks"][0]
+    assert "refused" not in result and result["adam_step_after_load"] == 0
+    ours, theirs = resumed["tensors"][0]["log_probs_second"], _by_data_parallel_rank(saved, "log_probs_second")
+    assert float((ours - theirs).abs().max()) <= TOLERANCE
+    moved = max(float((w - saved["tensors"][0]["weights_second"][n]).abs().max()) for n, w in _second_weights(resumed).items())
+    assert moved > 100 * TOLERANCE
+
