@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_trainer.actor import Actor
-from grpo_trainer.protocols import DirectoryState
+from grpo_trainer.protocols import DirectoryState, TensorState
 
 
 def save_actor(
@@ -39,7 +39,7 @@ def save_actor(
         if "model" in contents:
             writers[backend.state_directory] = lambda directory: backend.save_state(directory, optimizer=with_optimizer)
         return manager.save(step, model=None, optimizer=None, scheduler=scheduler, writers=writers, **common)
-    state = backend.state_dict()
+    state = _tensor_state(backend).state_dict()
     return manager.save(
         step,
         model=state["model"] if "model" in contents else None,
@@ -65,10 +65,16 @@ def load_actor(manager: Any, path: str | Path, actor: Actor) -> Any:
         state = {"model": loaded.model}
         if loaded.optimizer is not None:
             state["optimizer"] = loaded.optimizer
-        backend.load_state_dict(state)
+        _tensor_state(backend).load_state_dict(state)
     if loaded.scheduler is not None:
         actor.schedule.load_state_dict(loaded.scheduler)
     return loaded
+
+
+def _tensor_state(backend: Any) -> TensorState:
+    if not isinstance(backend, TensorState):
+        raise TypeError(f"{type(backend).__name__} keeps no checkpoint state (neither TensorState nor DirectoryState)")
+    return backend
 
 
 def _no_state(path: str | Path, loaded: Any, *, expected: str) -> str:
