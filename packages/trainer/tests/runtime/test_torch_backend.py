@@ -314,12 +314,17 @@ def test_non_finite_gradient_skips_the_step_and_the_schedule(tiny_model_dir) -> 
     _assert_close(before, _params(actor), atol=0)
 
 
-def test_state_dict_round_trip_continues_identically(tiny_model_dir) -> None:
+def test_state_dict_round_trip_continues_identically(tiny_model_dir, tmp_path) -> None:
+    from grpo_ckpt import CheckpointManager
+    from grpo_trainer.actor_checkpoint import load_actor, save_actor
+
     a = _actor(tiny_model_dir, lr_warmup_steps=3)
     batch = _prepare(a, _batch())
     a.update(batch, num_mini_batches=1, ppo_epochs=1)
     b = _actor(tiny_model_dir, lr_warmup_steps=3)
-    b.load_state_dict(copy.deepcopy(a.state_dict()))  # as if from disk: no shared tensors
+    manager = CheckpointManager(tmp_path)
+    step_dir = save_actor(manager, 1, a, contents=("model", "optimizer", "extra"), trainer_state={"global_step": 1})
+    load_actor(manager, step_dir, b)
     assert b.schedule.steps_done == 1
     first = a.update(batch, num_mini_batches=1, ppo_epochs=1)
     second = b.update(batch, num_mini_batches=1, ppo_epochs=1)
@@ -586,11 +591,12 @@ def test_adamw_is_torchs_fused_kernel_also_after_loading_another_runs_checkpoint
     assert all(g["fused"] and not g["foreach"] for g in a.backend.optimizer.param_groups)
     batch = _prepare(a, _batch())
     a.update(batch, num_mini_batches=1, ppo_epochs=1)
-    state = copy.deepcopy(a.state_dict())
+    state = copy.deepcopy({**a.backend.state_dict(), "scheduler": a.schedule.state_dict()})
     for group in state["optimizer"]["param_groups"]:
         group["fused"], group["foreach"] = None, True
     fused, plain = _actor(tiny_model_dir), _actor(tiny_model_dir)
-    fused.load_state_dict(copy.deepcopy(state))
+    fused.backend.load_state_dict(copy.deepcopy({"model": state["model"], "optimizer": state["optimizer"]}))
+    fused.schedule.load_state_dict(state["scheduler"])
     assert all(g["fused"] and g["foreach"] is None for g in fused.backend.optimizer.param_groups)
     plain.backend.optimizer = torch.optim.AdamW(plain.backend.module.parameters(), lr=1e-3, foreach=False)
     plain.backend.optimizer.load_state_dict(
