@@ -2,10 +2,10 @@
 
 A Megatron checkpoint is a distributed checkpoint (`backends/megatron/state.py`): it loads at other
 tensor/pipeline/expert-parallel sizes, resharded on load, and the run says so in its log. What it
-cannot serve is the other backend, or a Megatron run when it holds no Megatron state (saved
-without 'model' in `checkpoint.save_contents`, or by grpo's earlier per-shard format), or the
-other Megatron optimizer (distributed or not): these are refused before any worker starts. Pure (reads the step directory): the launchers' preflight calls
-it too.
+cannot serve is the other backend, the other Megatron optimizer (distributed or not), or a Megatron
+run when it holds no Megatron state (saved without 'model' in `checkpoint.save_contents`, or by
+grpo's earlier per-shard format): these are refused before any worker starts. Pure (reads the step
+directory): the launchers' preflight calls it too.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 from grpo_config.schema import TrainerConfig
 
 LAYOUT_KEY = "parallel_layout"
-MEGATRON_STATE = "megatron"  # MegatronBackend.state_directory
+MEGATRON_STATE = "megatron"  # the Megatron backend's directory in a checkpoint (its state_directory)
 
 
 class ResumeLayoutError(ValueError):
-    """A resume the checkpoint cannot serve (another backend, no Megatron state)."""
+    """A resume the checkpoint cannot serve (another backend or optimizer kind, no Megatron state)."""
 
 
 def checkpoint_layout(cfg: TrainerConfig) -> dict[str, Any]:

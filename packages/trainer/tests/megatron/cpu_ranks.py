@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -216,7 +217,10 @@ def run_ranks(
     procs = []
     for command, proc_env, name in commands:
         log = (out / f"{name}.log").open("w")
-        procs.append(subprocess.Popen(command, env=proc_env, stdout=log, stderr=subprocess.STDOUT))
+        # Forked: the parent leads a process group of its own, so that a kill reaches the ranks it forked.
+        procs.append(
+            subprocess.Popen(command, env=proc_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=forked)
+        )
     deadline = time.monotonic() + timeout_s
     failed = []
     for index, proc in enumerate(procs):
@@ -230,10 +234,17 @@ def run_ranks(
         failed = [(rank, failed[0][1]) for rank in range(world_size) if not (out / f"rank{rank}.json").exists()] or failed
     if failed:
         for proc in procs:
-            proc.kill()
-        tails = "\n".join(
-            f"--- rank {rank} ({code}):\n" + "\n".join((out / f"rank{rank}.log").read_text().splitlines()[-25:])
-            for rank, code in failed[:2]
-        )
+            if forked:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+
+        def tail(rank: int) -> str:
+            log = out / f"rank{rank}.log"
+            log = log if log.exists() else out / "forked.log"  # the forking parent failed before forking
+            return "\n".join(log.read_text().splitlines()[-25:])
+
+        tails = "\n".join(f"--- rank {rank} ({code}):\n{tail(rank)}" for rank, code in failed[:2])
         raise RanksFailed(f"{len(failed)} of {world_size} ranks failed:\n{tails}")
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world_size)]

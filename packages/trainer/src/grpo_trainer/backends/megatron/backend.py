@@ -38,6 +38,7 @@ from grpo_trainer.backends.megatron.vision_tower import VisionLanguage, decoder_
 from grpo_trainer.backends.megatron.vocab_parallel import vocab_parallel_log_probs
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
+from grpo_trainer.resume_layout import MEGATRON_STATE
 from grpo_trainer.vision import join_rows
 
 log = structlog.get_logger()
@@ -261,7 +262,7 @@ class MegatronBackend:
             vision_language_source=self.policy.vision_language_source,
         )
 
-    state_directory = "megatron"
+    state_directory = MEGATRON_STATE
 
     def save_state(self, directory: Path, *, optimizer: bool) -> None:
         save_policy_state(self.model, self.optimizer, directory, with_optimizer=optimizer)

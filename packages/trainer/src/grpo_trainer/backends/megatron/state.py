@@ -136,7 +136,7 @@ class _Request:
             value
             for tree in [*self.model, self.optimizer or {}]
             for value in nested_values(tree)
-            if isinstance(value, ShardedBase) and not _is_extra_state(value)
+            if isinstance(value, ShardedBase) and not _is_extra_state(value.key)
         ]
 
     def to_storage(self) -> dict[str, Any]:
@@ -159,13 +159,13 @@ class _Request:
         return model, optimizer
 
 
-def _is_extra_state(value: Any) -> bool:
+def _is_extra_state(key: str) -> bool:
     # Transformer Engine's FP8 scaling metadata (None in the local spec); not model state we keep.
-    return value.key.endswith("_extra_state")
+    return key.endswith("_extra_state")
 
 
 def _load_model_chunk(chunk: torch.nn.Module, tree: dict[str, Any], index: int) -> None:
-    own = {k: v for k, v in tree.items() if not k.endswith("_extra_state")}
+    own = {k: v for k, v in tree.items() if not _is_extra_state(k)}
     expected = {k for k, v in chunk.state_dict().items() if isinstance(v, torch.Tensor)}
     missing, unexpected = sorted(expected - set(own)), sorted(set(own) - expected)
     if missing or unexpected:
