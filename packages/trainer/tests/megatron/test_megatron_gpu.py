@@ -185,12 +185,21 @@ def test_the_same_loss_as_the_torch_backend_on_the_same_weights_and_batch(
 
 
 def _optimizer_tensors(actor) -> dict[str, torch.Tensor]:
-    """A snapshot of every Adam moment and main parameter of the live optimizer, in its own order."""
-    from grpo_trainer.backends.megatron.offload import _optimizer_tensors as live_tensors
+    """A snapshot of every Adam moment and main parameter of the live optimizer, in its own order;
+    with `optimizer_offload` those of the CPU Adams inside megatron-core's HybridDeviceOptimizer."""
+    from grpo_trainer.backends.megatron.state import sub_optimizers
 
     snapshot = {}
-    for index, (_, key, tensor) in enumerate(live_tensors(actor.backend.optimizer)):
-        snapshot[f"{index}.{key or 'main_param'}"] = tensor.detach().float().cpu().clone()
+    for sub in sub_optimizers(actor.backend.optimizer):
+        for inner in getattr(sub.optimizer, "sub_optimizers", None) or [sub.optimizer]:
+            for group in inner.param_groups:
+                for param in group["params"]:
+                    index = len(snapshot)
+                    snapshot[f"{index}.main_param"] = param.detach().float().cpu().clone()
+                    for key, value in inner.state.get(param, {}).items():
+                        if isinstance(value, torch.Tensor) and key != "step":
+                            snapshot[f"{index}.{key}"] = value.detach().float().cpu().clone()
+    assert any(key.endswith(".exp_avg") for key in snapshot), "no Adam moments found in the optimizer"
     return snapshot
 
 
@@ -199,6 +208,37 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(actor, tmp_path: P
     optimizer tensor (fp32 main params, exp_avg, exp_avg_sq) equal the saved ones. Then the
     update from the loaded state is compared with the one from the live state, against the
     run-to-run spread of two updates from the same loaded state."""
+    _check_round_trip(actor, tmp_path, "optimizer on the device")
+
+
+def test_checkpoint_round_trip_with_the_optimizer_on_the_cpu(model_path: Path, tmp_path: Path) -> None:
+    """The same round trip with `actor.megatron.optimizer_offload` (the GPU profiles' setting):
+    megatron-core's HybridDeviceOptimizer steps CPU Adams of its own, whose state is what the
+    checkpoint must hold (the CPU-rank layout tests cannot build it)."""
+    from dataclasses import replace
+
+    from grpo_trainer.actor import Actor
+    from grpo_trainer.backends.megatron import MegatronBackend
+
+    base = _cfg(model_path, grouped_experts=True)
+    megatron = replace(base.actor.megatron, optimizer_offload=True)
+    cfg = replace(base, actor=replace(base.actor, megatron=megatron))
+    actor = Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_path)))
+    assert any(
+        getattr(sub.optimizer, "sub_optimizers", None) for sub in _sub_optimizers(actor)
+    ), "optimizer_offload did not build a HybridDeviceOptimizer"
+    _check_round_trip(actor, tmp_path, "optimizer_offload")
+    del actor
+    grpo_device.empty_cache()
+
+
+def _sub_optimizers(actor) -> list:
+    from grpo_trainer.backends.megatron.state import sub_optimizers
+
+    return sub_optimizers(actor.backend.optimizer)
+
+
+def _check_round_trip(actor, tmp_path: Path, label: str) -> None:
     from grpo_ckpt import CheckpointManager
     from grpo_trainer.actor_checkpoint import load_actor, save_actor
 
@@ -231,7 +271,7 @@ def test_checkpoint_round_trip_restores_weights_and_optimizer(actor, tmp_path: P
     spread = (actor.log_probs(batch)["log_probs"] - replay).abs().max().item()
     replay_diff = (replay - live_update).abs().max().item()
     print(
-        f"\nckpt: forward noise {noise:.2e}, update moved {moved:.3e}, after load {back:.2e}, "
+        f"\nckpt ({label}): forward noise {noise:.2e}, update moved {moved:.3e}, after load {back:.2e}, "
         f"optimizer state {optimizer_diff:.2e}, replayed update vs live {replay_diff:.2e}, "
         f"two replays {spread:.2e}"
     )
