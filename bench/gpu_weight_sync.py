@@ -75,7 +75,7 @@ def log(*parts: Any) -> None:
 
 def sync() -> None:
     if DEVICE == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 def gpu_used_gib() -> float | None:
