@@ -2,7 +2,7 @@
 `run_launcher(PROFILE, argv)`.
 
     grpo-launch-35b [--preset tiny|full] [--device gpu|npu|cpu] [--dry-run] [--output-dir DIR]
-                    [--log-level LEVEL] [-- dotted.key=value ...]
+                    [--config run.yaml] [--log-level LEVEL] [-- dotted.key=value ...]
 
 Exit status: 0 done, 2 a user error (bad option, config error, missing model or data): one message
 on stderr, no traceback. Anything else is a bug and keeps its traceback.
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import structlog
 
+from grpo_config import ConfigError
+from grpo_launch.config_file import ConfigFile, read_config_file
 from grpo_launch.dry_run import render_dry_run
 from grpo_launch.logging_setup import LOG_LEVELS, configure_logging, worker_runtime_env
 from grpo_launch.plan import TINY_PRESETS, LaunchPlan, device_from_cli, plan_full, plan_tiny
@@ -50,6 +52,14 @@ def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the resolved launch and exit")
     parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and logs go here")
     parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="settings in YAML (what from-verl writes, or a --dry-run output), over the launcher's own; "
+        "key=value overrides go over the file's",
+    )
+    parser.add_argument(
         "--log-level", choices=LOG_LEVELS, default=None, help="the same as logging.level=LEVEL (default: info)"
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
@@ -80,6 +90,16 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
     if bad:
         print(f"error: overrides are key=value pairs; got {' '.join(bad)}", file=sys.stderr)
         return EXIT_USAGE
+    config_file: ConfigFile | None = None
+    if args.config is not None:
+        try:
+            config_file = read_config_file(args.config)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        given = {o.partition("=")[0].strip().lstrip("+") for o in args.overrides}
+        config_file = config_file.without(given)  # a key given on the command line is not the file's fault
+        args.overrides = [*config_file.overrides, *args.overrides]
     if args.log_level is not None:
         args.overrides = [*args.overrides, f"logging.level={args.log_level}"]
     # The level asked for on the command line from the start (planning may build the tiny preset);
@@ -98,7 +118,8 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
             return 0
         run_common_steps(plan)
     except ValueError as exc:  # LaunchError, grpo_config.ConfigError and bad environment values
-        print(f"error: {exc}", file=sys.stderr)
+        where = config_file.blame(exc) if config_file and isinstance(exc, ConfigError) else None
+        print(f"error: {where + ': ' if where else ''}{exc}", file=sys.stderr)
         return EXIT_USAGE
     return _train(plan, json_lines=json_lines)
 
