@@ -595,7 +595,15 @@ def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) 
     Resumes per `checkpoint.resume` ("auto": the latest complete checkpoint under
     `checkpoint.dir`, if any). A worker that raises, dies or outlives its phase's `timeouts.*`
     limit stops the run with `WorkerError`. `ray_runtime_env` is the Ray job's runtime env when
-    this call starts Ray (the launchers' logging set-up for every worker: `logging.level`)."""
+    this call starts Ray (the launchers' logging set-up for every worker: `logging.level`).
+    `checkpoint.dir` is locked for the run: a second run into it raises FolderInUseError."""
+    from grpo_ckpt import RunLock
+
+    with RunLock(cfg.checkpoint.dir, what="checkpoint.dir"):
+        return _train(cfg, ray_runtime_env=ray_runtime_env)
+
+
+def _train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None) -> TrainResult:
     from grpo_ckpt import CheckpointManager
 
     wall_start = time.perf_counter()
