@@ -135,7 +135,9 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
                 json_lines = configure_logging(level=plan.config.logging.level)
             run_common_steps(plan)
             return _train(plan, json_lines=json_lines)
-        except (Exception, KeyboardInterrupt) as exc:
+        except SystemExit:
+            raise
+        except BaseException as exc:  # KeyboardInterrupt; torch's CheckpointException is one too
             return _failed(exc, plan=plan, run_log=run_log, config_file=config_file)
 
 

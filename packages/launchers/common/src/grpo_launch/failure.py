@@ -9,6 +9,7 @@ that exception, with the rank and the phase added."""
 from __future__ import annotations
 
 import errno
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,16 +97,25 @@ def _died(exc: BaseException) -> str | None:
     )
 
 
+_NO_SPACE = re.compile(r"\[Errno 28\] No space left on device(?:: '([^']+)')?")
+
+
 def _disk_full(exc: BaseException) -> str | None:
+    """The full-disk line when `exc` (or what it wraps, as text where a library re-raised it:
+    torch's distributed checkpoint, a worker's traceback) is ENOSPC."""
     chain: BaseException | None = exc
     while chain is not None:
+        path = None
         if isinstance(chain, OSError) and chain.errno == errno.ENOSPC:
-            path = chain.filename
-            if path:
-                free = _free_bytes(Path(path))
-                room = f" ({_gib(free)} free there)" if free is not None else ""
-                return f"disk full writing {path}{room}"
-            return "disk full (no space left on device)"
+            path = chain.filename or ""
+        else:
+            found = _NO_SPACE.search(str(chain))
+            path = (found.group(1) or "") if found else None
+        if path is not None:
+            if not path:
+                return "disk full (no space left on device)"
+            free = _free_bytes(Path(path))
+            return f"disk full writing {path}" + (f" ({_gib(free)} free there)" if free is not None else "")
         chain = chain.__cause__ or chain.__context__
     return None
 
