@@ -55,7 +55,7 @@ def describe(exc: BaseException, *, checkpoint_dir: str | None, log_path: Path |
         )
     if isinstance(cause, ValueError):
         return Failure(EXIT_USAGE, f"{one_line(str(cause))}{where}{see}")
-    died = _died(exc)
+    died = _died(exc, checkpoint_dir)
     if died is not None:
         return Failure(EXIT_USAGE, f"{died}{see}")
     name = type(cause).__name__
@@ -87,13 +87,16 @@ def _is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, WorkerTimeoutError)
 
 
-def _died(exc: BaseException) -> str | None:
+def _died(exc: BaseException, checkpoint_dir: str | None) -> str | None:
     worker = _worker_error(exc)
     if worker is None or not worker.died:
         return None
+    kind = re.search(r"Worker exit type: (\w+)", worker.summary)
+    how = f"Ray's exit type {kind.group(1)}" if kind else one_line(worker.summary)[:200]
     return (
-        f"rank {worker.rank}'s process died during {worker.phase} ({worker.summary}); a process killed by "
-        "the system is most often out of memory (host or device): see the worker's lines in the log"
+        f"rank {worker.rank}'s process died during {worker.phase} ({how}): a process killed by the system "
+        f"is most often out of memory (host or device); the worker's own lines are in the log. "
+        f"{_last_good(checkpoint_dir)} Run the same command again to resume from it"
     )
 
 
