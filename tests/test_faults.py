@@ -210,8 +210,9 @@ def test_a_worker_killed_in_a_phase_is_named_with_its_rank_and_phase(phase: str,
     latest = CheckpointManager(out / "checkpoints").latest_complete()
     if latest is not None:  # whatever the kill cut short is not taken for whole
         CheckpointManager(out / "checkpoints").verify(latest)
-    code, err = _launch(out, "total_training_steps=4", "checkpoint.save_freq=1")
-    assert code == 0, err[-2000:]
+    if phase == "save_checkpoint":  # a save cut short: the same command resumes past it
+        code, err = _launch(out, "total_training_steps=4", "checkpoint.save_freq=1")
+        assert code == 0, err[-2000:]
 
 
 def test_an_export_cut_short_is_redone_on_resume(finished_run: Path, tmp_path: Path) -> None:
