@@ -63,6 +63,7 @@ READ: dict[str, tuple[str, ...]] = {
     ),
     "test_freq": (TINY_TRAIN,),
     "val_before_train": (TINY_TRAIN,),
+    "max_zero_advantage_steps": ("tests/test_faults.py::test_a_run_without_learning_signal_stops_after_the_set_number_of_steps",),
     "device.kind": (f"{TRAINER}/test_devices.py::test_explicit_kind_is_parsed_without_detection",),
     "device.nnodes": (PHASE_TIMEOUTS,),
     "device.devices_per_node": (PHASE_TIMEOUTS,),

@@ -245,7 +245,7 @@ def test_bad_values_are_refused_with_the_key_the_value_and_the_range(
     "overrides",
     [
         [
-            "rollout.temperature=0",
+            "rollout.temperature=0.01",
             "rollout.top_p=1",
             "rollout.top_k=-1",
             "checkpoint.save_freq=-1",

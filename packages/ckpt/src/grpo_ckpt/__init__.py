@@ -10,6 +10,7 @@ from grpo_ckpt.manager import CheckpointManager, LoadedCheckpoint
 from grpo_ckpt.manifest import verify
 from grpo_ckpt.megatron_compat import import_megatron_bridge
 from grpo_ckpt.rng import capture_rng, restore_rng
+from grpo_ckpt.run_lock import FolderInUseError, RunLock, holder_of
 from grpo_ckpt.version import __version__
 
 __all__ = [
@@ -17,13 +18,16 @@ __all__ = [
     "CheckpointManager",
     "CheckpointNotFoundError",
     "ExportReport",
+    "FolderInUseError",
     "LoadedCheckpoint",
+    "RunLock",
     "SafeJSONEncoder",
     "StrictExportError",
     "__version__",
     "capture_rng",
     "export_hf",
     "export_hf_torch",
+    "holder_of",
     "import_megatron_bridge",
     "json_safe",
     "restore_rng",

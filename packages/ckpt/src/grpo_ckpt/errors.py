@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointCorruptError", "CheckpointNotFoundError", "StrictExportError"]
+__all__ = ["CheckpointCorruptError", "CheckpointNotFoundError", "CheckpointSpaceError", "StrictExportError"]
 
 
 class CheckpointCorruptError(ValueError):
@@ -11,6 +11,11 @@ class CheckpointCorruptError(ValueError):
 
 class CheckpointNotFoundError(ValueError):
     """An explicit resume path does not hold a complete checkpoint."""
+
+
+class CheckpointSpaceError(ValueError):
+    """The disk holding the checkpoints has less free space than the last checkpoint took: the save
+    was refused before it wrote anything."""
 
 
 class StrictExportError(ValueError):

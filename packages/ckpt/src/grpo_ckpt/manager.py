@@ -31,7 +31,7 @@ from grpo_ckpt import manifest as mf
 from grpo_ckpt import tensor_store
 from grpo_ckpt.atomic_io import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 from grpo_ckpt.dist_utils import all_gather_objects, barrier, rank_and_world
-from grpo_ckpt.errors import CheckpointCorruptError, CheckpointNotFoundError
+from grpo_ckpt.errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointSpaceError
 from grpo_ckpt.json_safe import json_safe
 from grpo_ckpt.rng import capture_rng
 from grpo_ckpt.structure import flatten_state, merge_skeletons, tensor_keys, unflatten_state
@@ -80,7 +80,9 @@ class CheckpointManager:
         """All `global_step_N` directories (complete or not), newest step first."""
         if not self.root.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()]
+        found = [
+            (int(m.group(1)), p) for p in self.root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir()
+        ]
         return sorted(found, reverse=True)
 
     # ---- save --------------------------------------------------------------------------------------
@@ -113,19 +115,67 @@ class CheckpointManager:
         rank, world = rank_and_world()
         step_dir = self.step_dir(step)
         started = time.perf_counter()
-        trees = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "dataloader": dataloader_state}
+        trees = {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "dataloader": dataloader_state,
+        }
         # Refuse bad input before touching the disk (re-saving a step deletes the old one first).
         flat = {name: flatten_state(tree) for name, tree in trees.items() if tree is not None}
         for name in [*(extra_files or {}), *(writers or {})]:
             _check_extra_name(name)
         clashes = sorted(set(writers or {}) & {*COMPONENTS, "rng", "extra"})
         if clashes:
-            raise ValueError(f"writers {clashes} would write into the checkpoint's own directories; name them otherwise")
+            raise ValueError(
+                f"writers {clashes} would write into the checkpoint's own directories; name them otherwise"
+            )
+        problems = all_gather_objects(self._space_problem(step) if rank == 0 else None)
+        if problems[0] is not None:  # every rank refuses, none waits in a collective
+            raise CheckpointSpaceError(problems[0])
         if rank == 0:
             log.info("ckpt.save_start", step=step, path=str(step_dir))
             self._prepare_empty(step_dir)
         barrier()
+        try:
+            return self._save_into(
+                step_dir,
+                step,
+                flat,
+                trees,
+                rank=rank,
+                world=world,
+                started=started,
+                trainer_state=trainer_state,
+                transformer_config=transformer_config,
+                extra_files=extra_files,
+                manifest_extra=manifest_extra,
+                writers=writers,
+            )
+        except BaseException:
+            if rank == 0 and step_dir.exists() and mf.check_complete(step_dir) is not None:
+                # A partial folder is never taken for whole (it has no manifest), but it holds disk space
+                # that a retry after a full disk needs.
+                log.warning("ckpt.partial_removed", path=str(step_dir))
+                shutil.rmtree(step_dir, ignore_errors=True)
+            raise
 
+    def _save_into(
+        self,
+        step_dir: Path,
+        step: int,
+        flat: dict[str, Any],
+        trees: dict[str, Any],
+        *,
+        rank: int,
+        world: int,
+        started: float,
+        trainer_state: dict[str, Any],
+        transformer_config: Any,
+        extra_files: dict[str, bytes] | None,
+        manifest_extra: dict[str, Any] | None,
+        writers: dict[str, Callable[[Path], None]] | None,
+    ) -> Path:
         hashed: dict[str, mf.FileRecord] = {}  # files hashed while written
         for name, (skeleton, tensors) in flat.items():
             # Ranks may each hold entries the others lack (a model-parallel rank's own shards).
@@ -173,6 +223,25 @@ class CheckpointManager:
         barrier()
         return step_dir
 
+    def _space_problem(self, step: int) -> str | None:
+        """Why a save of `step` must not start: less free space than the newest complete
+        checkpoint takes on disk (its HF export included). None when it fits or nothing is known."""
+        previous = self.latest_complete()
+        if previous is None:
+            return None
+        needed = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file())
+        self.root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.root).free
+        if free >= needed:
+            return None
+        gib = 2**30
+        return (
+            f"not enough disk space to save step {step} in {self.root}: {free / gib:.2f} GiB free, and the "
+            f"last checkpoint ({previous.name}) takes {needed / gib:.2f} GiB. {previous} is complete and kept. "
+            "Free space on that disk (with checkpoint.max_to_keep=N older checkpoints are deleted only after "
+            "a new one is complete), then run the same command again to resume."
+        )
+
     @staticmethod
     def record_hf_export(step_dir: str | Path, outcome: dict[str, Any]) -> None:
         """Add an HF export's outcome (`{"status": "ok" | "failed", ...}`) to a complete
@@ -200,8 +269,13 @@ class CheckpointManager:
         if write_structure:
             atomic_write_json(directory / "structure.json", skeleton)
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        log.debug("ckpt.component_saved", component=directory.name, tensors=len(tensors), bytes=nbytes,
-                  seconds=round(time.perf_counter() - started, 3))
+        log.debug(
+            "ckpt.component_saved",
+            component=directory.name,
+            tensors=len(tensors),
+            bytes=nbytes,
+            seconds=round(time.perf_counter() - started, 3),
+        )
         return {f"{directory.name}/{file}": record for file, record in hashed.items()}
 
     @staticmethod
@@ -221,7 +295,9 @@ class CheckpointManager:
         for step, path in dirs:
             stale_incomplete = path not in complete and step < keep_step  # leftovers of crashed saves
             if path not in kept and (path in complete or stale_incomplete):
-                log.info("ckpt.delete", path=str(path), reason="retention" if path in complete else "incomplete")
+                log.info(
+                    "ckpt.delete", path=str(path), reason="retention" if path in complete else "incomplete"
+                )
                 self._delete(path)
 
     @staticmethod
@@ -295,7 +371,9 @@ class CheckpointManager:
                 parts[name] = None
                 continue
             directory = path / name
-            tensors = tensor_store.load_full_tensors(directory) if tensor_store.has_tensor_files(directory) else {}
+            tensors = (
+                tensor_store.load_full_tensors(directory) if tensor_store.has_tensor_files(directory) else {}
+            )
             parts[name] = unflatten_state(read_json(structure), tensors)
         return LoadedCheckpoint(
             path=path,
@@ -340,14 +418,18 @@ class CheckpointManager:
         own = path / "rng" / f"rank_{rank:05d}.json"
         if own.is_file():
             return read_json(own)
-        log.warning("ckpt.rng_missing", path=str(own), reason="saved at a different world size; RNG not restored")
+        log.warning(
+            "ckpt.rng_missing", path=str(own), reason="saved at a different world size; RNG not restored"
+        )
         return None
 
 
 def _check_extra_name(name: str) -> None:
     rel = Path(name)
     if rel.is_absolute() or ".." in rel.parts or not rel.parts or any(p.startswith(".") for p in rel.parts):
-        raise ValueError(f"extra file name {name!r} must be a relative path inside the checkpoint (no '..', no dot files)")
+        raise ValueError(
+            f"extra file name {name!r} must be a relative path inside the checkpoint (no '..', no dot files)"
+        )
 
 
 def _verify_or_message(path: Path, files: list[str], threads: int) -> str | None:

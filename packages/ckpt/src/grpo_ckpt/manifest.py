@@ -152,7 +152,25 @@ def verify(step_dir: Path, *, threads: int = 4, only: Iterable[str] | None = Non
     if problems:
         raise CheckpointCorruptError(
             f"checkpoint {step_dir} is corrupt ({len(problems)} of {len(wanted)} files differ from "
-            f"{MANIFEST_NAME}):\n  " + "\n  ".join(problems) + "\nDo not resume from it: pass an older "
-            "checkpoint explicitly, or delete this directory so resume=auto picks the previous complete one."
+            f"{MANIFEST_NAME}):\n  " + "\n  ".join(problems) + "\nDo not resume from it: resume from an older "
+            f"one with checkpoint.resume=<its global_step_N directory>{_older(step_dir)}, or delete {step_dir} "
+            "so that checkpoint.resume=auto picks the previous complete one."
         )
     return manifest
+
+
+def _older(step_dir: Path) -> str:
+    """`" (e.g. <path>)"` naming the newest complete checkpoint before `step_dir`, or ``."""
+    match = re.match(r"^global_step_(\d+)$", step_dir.name)
+    if match is None or not step_dir.parent.is_dir():
+        return ""
+    step = int(match.group(1))
+    older = sorted(
+        (int(m.group(1)), p)
+        for p in step_dir.parent.iterdir()
+        if (m := re.match(r"^global_step_(\d+)$", p.name)) and int(m.group(1)) < step
+    )
+    for _, path in reversed(older):
+        if check_complete(path) is None:
+            return f" (e.g. checkpoint.resume={path})"
+    return ""

@@ -136,6 +136,7 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "trainer.total_epochs": "total_epochs",
         "trainer.total_training_steps": "total_training_steps",
         "trainer.val_before_train": "val_before_train",
+        "trainer.max_zero_advantage_steps": "max_zero_advantage_steps",
         "trainer.project_name": "project_name",
         "trainer.experiment_name": "experiment_name",
         "actor.checkpoint.strict": "checkpoint.strict",

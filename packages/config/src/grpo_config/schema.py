@@ -305,6 +305,9 @@ class TrainerConfig:
     total_training_steps: int | None = None
     test_freq: int = -1
     val_before_train: bool = False
+    # Stop (exit 2) after this many steps in a row whose advantages are all zero (every group's
+    # rewards equal: nothing is learned); 0 never stops. verl: trainer.max_zero_advantage_steps.
+    max_zero_advantage_steps: int = 10
     device: DeviceConfig = field(default_factory=DeviceConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)

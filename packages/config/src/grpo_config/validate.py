@@ -568,11 +568,10 @@ def value_problems(cfg: TrainerConfig) -> list[str]:
         for key, name in (("project_name", cfg.project_name), ("experiment_name", cfg.experiment_name))
         if not _FOLDER_NAME.fullmatch(name)
     ]
-    if cfg.rollout.n < 2:
+    if cfg.max_zero_advantage_steps < 0:
         problems.append(
-            f"rollout.n={cfg.rollout.n} with algorithm.adv_estimator={cfg.algorithm.adv_estimator}: the advantage is a "
-            f"response's reward against the other responses to its prompt, so with one response there "
-            f"is nothing to compare and nothing is learned. Set rollout.n >= 2 (the recipes use 5 or 6)."
+            f"max_zero_advantage_steps={cfg.max_zero_advantage_steps} must be >= 0 (0: never stop for "
+            "steps whose advantages are all zero)."
         )
     for name, default in _TIMEOUT_DEFAULTS.items():
         seconds = getattr(cfg.timeouts, name)
@@ -691,12 +690,33 @@ def _replica_problems(cfg: TrainerConfig) -> list[str]:
     return []
 
 
+def _no_signal_problems(cfg: TrainerConfig) -> list[str]:
+    """Settings under which every group's responses score alike, so nothing is learned: said
+    first, since they are the cause of what other checks may find."""
+    problems = []
+    if cfg.rollout.n < 2:
+        problems.append(
+            f"rollout.n={cfg.rollout.n} with algorithm.adv_estimator={cfg.algorithm.adv_estimator}: the advantage is a "
+            f"response's reward against the other responses to its prompt, so with one response there "
+            f"is nothing to compare and nothing is learned. Set rollout.n >= 2 (the recipes use 5 or 6)."
+        )
+    if cfg.rollout.temperature == 0:
+        problems.append(
+            f"rollout.temperature=0 samples greedily: the {cfg.rollout.n} responses to a prompt are the same, "
+            f"so each group's rewards are equal, every advantage of algorithm.adv_estimator="
+            f"{cfg.algorithm.adv_estimator} is 0 and nothing is learned. Set rollout.temperature > 0 (the "
+            "recipes use 1.0); rollout.val_temperature=0 keeps validation greedy."
+        )
+    return problems
+
+
 def validate(cfg: TrainerConfig, *, num_experts: int | None = None) -> None:
     """Raise ConfigError listing every cross-field problem of `cfg` (a config resolved by `load`).
 
     `num_experts`: the model's routed expert count, when known, so `parallel.ep` is checked against it.
     """
-    problems = [
+    problems = _no_signal_problems(cfg)
+    problems += [
         f"{key}={value} must be a positive integer." for key, value in _positive(cfg).items() if value < 1
     ]
     if not problems:

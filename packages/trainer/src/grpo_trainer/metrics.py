@@ -61,6 +61,31 @@ class MetricsLogger:
             shown = {k.replace("/", "_"): round(clean[k], 4) for k in CONSOLE_KEYS if k in clean}
             log.info("train.step", step=step, **shown)
 
+    def rewind(self, step: int) -> int:
+        """Keep the records up to `step` (a resumed run's checkpoint) in metrics.jsonl, moving those
+        of later, abandoned steps to metrics.abandoned.jsonl; returns how many moved. TensorBoard's
+        event files cannot be cut: it shows the resumed steps as a second line over the first."""
+        if self.jsonl_path is None or not self.jsonl_path.exists():
+            return 0
+        kept, moved = [], []
+        for line in self.jsonl_path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                later = int(json.loads(line)["step"]) > step
+            except (ValueError, KeyError, TypeError):  # a record cut short by a kill: not worth keeping
+                later = True
+            (moved if later else kept).append(line if line.endswith("\n") else line + "\n")
+        if not moved:
+            return 0
+        if self._jsonl is not None:
+            self._jsonl.close()
+        with (self.directory / "metrics.abandoned.jsonl").open("a", encoding="utf-8") as side:
+            side.writelines(moved)
+        tmp = self.jsonl_path.with_name(self.jsonl_path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(self.jsonl_path)
+        self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
+        return len(moved)
+
     def logged_steps(self) -> set[int]:
         """Steps with a record in the JSONL file (empty without one)."""
         return set(read_metrics(self.jsonl_path)) if self.jsonl_path is not None else set()

@@ -188,6 +188,11 @@ class PolicyWorkers:
             path=path, trainer_state=state["trainer_state"], dataloader_state=state["dataloader_state"]
         )
 
+    def export_checkpoint_hf(self, step_dir: Path) -> None:
+        """The HF export of a saved step under `<step_dir>/huggingface/`, recorded in its manifest
+        (as a save with checkpoint.export_hf does)."""
+        self._call("export_checkpoint_hf", "checkpoint_s", path=str(step_dir))
+
     def export_hf(self, path: Path, *, strict: bool) -> dict[str, Any]:
         """HF weights and tokenizer under `path`; the export report (expected vs written keys)."""
         reports = self._call("export_hf", "checkpoint_s", path=str(path), strict=strict)

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
@@ -47,6 +49,7 @@ from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.resume_layout import LAYOUT_KEY, check_resume_layout, checkpoint_layout, layout_change
 from grpo_trainer.reward_shaping import KLController, kl_reward_penalty, overlong_penalty
 from grpo_trainer.rewards import RewardManager, RewardResult
+from grpo_trainer.rewards.manager import AllRewardsFailedError
 from grpo_trainer.rollout_correction import RolloutCorrection, mismatch_metrics
 from grpo_trainer.rollout_step import (
     Rollout,
@@ -60,9 +63,14 @@ from grpo_trainer.rollout_step import (
 )
 from grpo_trainer.rollout_workers import PendingGeneration, RolloutWorkers
 from grpo_trainer.vision import VisionInputs, pixel_inputs
+from grpo_trainer.worker import HF_EXPORT_DIR
 from grpo_trainer.worker_group import ensure_ray
 
 log = structlog.get_logger()
+
+
+class NoLearningSignalError(ValueError):
+    """Steps in a row (`max_zero_advantage_steps`) whose advantages were all zero."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,6 +206,8 @@ class _Run:
         self.step = 0
         self.reward_history: dict[int, float] = {}
         self.resumed_metrics: dict[str, float] | None = None  # the resumed checkpoint's step record
+        self.zero_advantage_steps = 0  # steps in a row whose advantages were all zero
+        self.last_advantages: torch.Tensor | None = None
 
     def start_workers(self) -> PolicyWorkers:
         self.workers = PolicyWorkers(self.cfg)
@@ -241,6 +251,7 @@ class _Run:
         metrics.update(kl_metrics)
         with timer("advantages"):
             batch.advantages = self.advantages(final_rewards, rollout.group_ids)
+        self.last_advantages = batch.advantages
 
         rollout_log_probs = batch.extra["rollout_log_probs"]
         positions = batch.response_mask  # every response token (the loss mask may lose some next)
@@ -407,6 +418,8 @@ class _Run:
         with timer("reward"):
             texts = self.decode([g.token_ids for g in rollout.generations])
             scored = self.rewards.score(reward_items(rollout.items, texts))
+        if scored.all_failed:
+            raise AllRewardsFailedError(self._reward_failure(scored))
         scores = torch.tensor(scored.scores, dtype=torch.float64)
         rewards = scores
         buffer = cfg.reward.overlong_buffer
@@ -416,6 +429,37 @@ class _Run:
                 lengths, budget=self.max_tokens, buffer_len=buffer.len, penalty_factor=buffer.penalty_factor
             )
         return Sampled(rollout=rollout, scored=scored, scores=scores, rewards=rewards)
+
+    def _reward_failure(self, scored: RewardResult) -> str:
+        reward = self.cfg.reward
+        fix = (
+            f"fix reward.custom_fn ({reward.custom_fn})"
+            if reward.custom_fn
+            else "set reward.custom_fn, or give the rows a data_source that has a reward function"
+        )
+        if scored.n_timeouts:
+            fix += f", or raise reward.timeout_s ({reward.timeout_s:g} s for the whole batch)"
+        return (
+            f"every reward call of step {self.step + 1} failed ({scored.n_errors} raised, {scored.n_timeouts} "
+            f"timed out, {scored.n_unknown_source} had no reward function of {len(scored.scores)}); the "
+            f"first: {scored.first_failure}. Training on these scores (all 0) would learn nothing: {fix}."
+        )
+
+    def check_learning_signal(self, advantages: torch.Tensor) -> None:
+        """Count steps in a row whose advantages are all zero; past `max_zero_advantage_steps`, stop
+        with the cause (each group's rewards were equal)."""
+        limit = self.cfg.max_zero_advantage_steps
+        self.zero_advantage_steps = 0 if bool(torch.any(advantages != 0)) else self.zero_advantage_steps + 1
+        if limit <= 0 or self.zero_advantage_steps < limit:
+            return
+        recent = [self.reward_history[s] for s in sorted(self.reward_history)[-limit:]]
+        raise NoLearningSignalError(
+            f"the advantages were all zero in each of the last {limit} steps (to step {self.step}): every "
+            f"group's {self.cfg.rollout.n} responses got equal rewards (mean rewards of those steps: "
+            f"{', '.join(f'{r:g}' for r in recent)}), so nothing is learned. A reward that cannot tell "
+            "responses apart, or a task the model always or never solves, does this: check reward.custom_fn "
+            "and the data (or max_zero_advantage_steps=0 to train on regardless)."
+        )
 
     def _overlong_metrics(self, sampled: Sampled) -> Sampled:
         """The overlong penalty's mean and the share penalised over the step's batch, when
@@ -528,11 +572,17 @@ class _Run:
     # -- resume / checkpoint ----------------------------------------------------------------------
     def maybe_resume(self) -> Path | None:
         from grpo_ckpt import CheckpointManager
+        from grpo_ckpt.manifest import read_manifest
 
         path = CheckpointManager(self.cfg.checkpoint.dir).resolve_resume(self.cfg.checkpoint.resume)
         if path is None:
             return None
         resumed = self._workers().load(path)
+        if self.cfg.checkpoint.export_hf and "hf_export" not in read_manifest(path):
+            # A run stopped during this step's HF export: the training state is whole, the export is not.
+            shutil.rmtree(path / HF_EXPORT_DIR, ignore_errors=True)
+            log.warning("train.hf_export_redone", path=str(path), reason="its export did not finish")
+            self._workers().export_checkpoint_hf(path)
         self.resumed_metrics = resumed.trainer_state.get("metrics")
         self.step = int(resumed.trainer_state["global_step"])
         self.kl_controller.load_state_dict(resumed.trainer_state.get("kl_controller"))
@@ -585,6 +635,39 @@ def run_dir(cfg: TrainerConfig) -> Path:
     return Path(cfg.logging.dir) / cfg.project_name / cfg.experiment_name
 
 
+class TargetStepPassedError(ValueError):
+    """The checkpoint to resume is past the run's last step."""
+
+
+def check_target_step(step_dir: Path, *, total_steps: int) -> None:
+    """Refuse to resume a checkpoint past the run's last step (a run cannot train backwards)."""
+    step = int(json.loads((step_dir / "trainer_state.json").read_text())["global_step"])
+    if step > total_steps:
+        raise TargetStepPassedError(
+            f"checkpoint.resume found {step_dir} at step {step}, past this run's last step {total_steps} "
+            f"(total_training_steps, else total_epochs x steps per epoch): there is nothing to train. Raise "
+            f"total_training_steps above {step} to train on, or start the run in another folder."
+        )
+
+
+class ModelPathError(ValueError):
+    """actor.model_path names a local directory that is not a Hugging Face model."""
+
+
+def check_model_path(model_path: str) -> None:
+    """Refuse a local `model_path` that is not a model directory before anything is loaded (a hub id,
+    `org/name`, is left to transformers)."""
+    path = Path(model_path).expanduser()
+    local = path.is_absolute() or model_path.startswith((".", "~")) or path.exists()
+    if not local or (path / "config.json").is_file():
+        return
+    what = "does not exist" if not path.exists() else "has no config.json (it is not a Hugging Face model directory)"
+    raise ModelPathError(
+        f"actor.model_path={model_path}: {path} {what}. Point actor.model_path (MODEL_PATH for the "
+        "launchers) at a downloaded model, e.g. `hf download <org>/<model> --local-dir <dir>`."
+    )
+
+
 def _is_due(step: int, freq: int, total: int) -> bool:
     return step == total or (freq > 0 and step % freq == 0)
 
@@ -595,10 +678,19 @@ def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) 
     Resumes per `checkpoint.resume` ("auto": the latest complete checkpoint under
     `checkpoint.dir`, if any). A worker that raises, dies or outlives its phase's `timeouts.*`
     limit stops the run with `WorkerError`. `ray_runtime_env` is the Ray job's runtime env when
-    this call starts Ray (the launchers' logging set-up for every worker: `logging.level`)."""
+    this call starts Ray (the launchers' logging set-up for every worker: `logging.level`).
+    `checkpoint.dir` is locked for the run: a second run into it raises FolderInUseError."""
+    from grpo_ckpt import RunLock
+
+    with RunLock(cfg.checkpoint.dir, what="checkpoint.dir"):
+        return _train(cfg, ray_runtime_env=ray_runtime_env)
+
+
+def _train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None) -> TrainResult:
     from grpo_ckpt import CheckpointManager
 
     wall_start = time.perf_counter()
+    check_model_path(cfg.actor.model_path)
     # Before anything heavy: a checkpoint of the other backend, or without Megatron state, is refused.
     resume_from = CheckpointManager(cfg.checkpoint.dir).resolve_resume(cfg.checkpoint.resume)
     check_resume_layout(cfg, resume_from)
@@ -606,6 +698,8 @@ def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) 
     if change:
         log.info("train.resume_resharded", path=str(resume_from), layout=change)
     run = _Run(cfg)
+    if resume_from is not None:
+        check_target_step(resume_from, total_steps=run.total_steps)
     cpus = (os.cpu_count() or 1) if resolve_device_kind(cfg) is DeviceKind.CPU else None
     processes = process_count(cfg)
     started_ray = ensure_ray(num_cpus=max(cpus, processes) if cpus else None, runtime_env=ray_runtime_env)
@@ -620,6 +714,16 @@ def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) 
     try:
         run.start_workers()
         resumed_from = run.maybe_resume()
+        moved = logger.rewind(run.step)
+        if moved:
+            log.warning("train.metrics_rewound", step=run.step, moved=moved, to="metrics.abandoned.jsonl")
+        if run.step >= run.total_steps:
+            log.warning(
+                "train.already_complete",
+                step=run.step,
+                total_steps=run.total_steps,
+                hint="raise total_training_steps (or total_epochs) to train on, or give the run another folder",
+            )
         if run.resumed_metrics is not None and run.step not in logger.logged_steps():
             logger.log(run.step, run.resumed_metrics, console=False)  # killed after the save, before the record
         if cfg.val_before_train and resumed_from is None and run.val_data is not None:
@@ -630,6 +734,8 @@ def train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None = None) 
                 metrics = run.train_step(lambda: [run.train_data[i] for i in next(batches)])
                 run.step += 1
                 run.reward_history[run.step] = metrics["reward/mean"]
+                if run.last_advantages is not None:
+                    run.check_learning_signal(run.last_advantages)
                 timer = PhaseTimer()
                 if cfg.test_freq > 0 and _is_due(run.step, cfg.test_freq, run.total_steps):
                     with timer("validate"):

@@ -201,6 +201,10 @@ class PolicyWorker:
             self._export_hf_into(path, strict=ckpt.strict)
         return str(path)
 
+    def export_checkpoint_hf(self, path: str) -> None:
+        """Redo a saved step's HF export (one a stopped run left unfinished)."""
+        self._export_hf_into(Path(path), strict=self.cfg.checkpoint.strict)
+
     def _export_hf_into(self, step_dir: Path, *, strict: bool) -> None:
         """HF weights of a saved step under `<step_dir>/huggingface/`, the outcome recorded in the
         step's manifest. A strict failure leaves the training state complete and resumable, marks

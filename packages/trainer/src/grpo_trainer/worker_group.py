@@ -51,7 +51,27 @@ _stack_path: str | None = None
 
 
 class WorkerError(RuntimeError):
-    """A worker raised, died, or did not answer in time; the message carries its traceback."""
+    """A worker raised, died, or did not answer in time; the message carries its traceback.
+    `rank` and `phase` say where; `cause` is the worker's own exception when it raised one (None
+    when it died or timed out), `died` whether its process ended, `summary` the last line of the
+    worker's error."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        phase: str | None = None,
+        cause: BaseException | None = None,
+        died: bool = False,
+        summary: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.phase = phase
+        self.cause = cause
+        self.died = died
+        self.summary = summary
 
 
 class WorkerTimeoutError(WorkerError):
@@ -360,7 +380,32 @@ def _worker_error(what: str, failures: dict[int, Exception]) -> WorkerError:
             others.append(f"rank {rank}: {lines[-1] if lines else type(exc).__name__}")
     if others:
         message += "\nalso failed, likely because of it: " + "; ".join(others)
-    return WorkerError(message)
+    exc = failures[blamed]
+    lines = _plain_text(exc).strip().splitlines()
+    return WorkerError(
+        message,
+        rank=blamed,
+        phase=what,
+        cause=_worker_exception(exc),
+        died=_process_died(exc),
+        summary=lines[-1] if lines else type(exc).__name__,
+    )
+
+
+def _process_died(exc: Exception) -> bool:
+    from ray.exceptions import RayActorError
+
+    return isinstance(exc, RayActorError)
+
+
+def _worker_exception(exc: Exception) -> BaseException | None:
+    """The exception the worker's own code raised (Ray wraps it), None when its process died."""
+    from ray.exceptions import RayTaskError
+
+    if isinstance(exc, RayTaskError):
+        cause = getattr(exc, "cause", None)
+        return cause if isinstance(cause, BaseException) and not isinstance(cause, RayTaskError) else None
+    return None
 
 
 def _timeout_error(
@@ -384,7 +429,7 @@ def _timeout_error(
     )
     for rank in silent:
         message += f"\n--- rank {rank}, {stacks[rank]}"
-    return WorkerTimeoutError(message)
+    return WorkerTimeoutError(message, phase=what, rank=silent[0] if silent else None)
 
 
 # -- stack dumps: the worker side (in each actor's process) and the node-side task -----------------

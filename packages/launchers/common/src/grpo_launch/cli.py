@@ -2,31 +2,37 @@
 `run_launcher(PROFILE, argv)`.
 
     grpo-launch-35b [--preset tiny|full] [--device gpu|npu|cpu] [--dry-run] [--output-dir DIR]
-                    [--log-level LEVEL] [-- dotted.key=value ...]
+                    [--config run.yaml] [--log-level LEVEL] [-- dotted.key=value ...]
 
-Exit status: 0 done, 2 a user error (bad option, config error, missing model or data): one message
-on stderr, no traceback. Anything else is a bug and keeps its traceback.
+Exit status: 0 done; 2 something the user must change (a setting, a file, the output folder in use,
+disk space, a worker killed for memory); 130 interrupted; 1 a bug. Each failure ends in one line on
+stderr; from the moment the output folder is locked, everything also goes to `<output dir>/run.log`,
+with the traceback (`failure.py`, `run_log.py`; docs/RELIABILITY.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
+from grpo_config import ConfigError
+from grpo_launch.config_file import ConfigFile, read_config_file
 from grpo_launch.dry_run import render_dry_run
+from grpo_launch.failure import EXIT_BUG, EXIT_USAGE, describe, one_line
 from grpo_launch.logging_setup import LOG_LEVELS, configure_logging, worker_runtime_env
-from grpo_launch.plan import TINY_PRESETS, LaunchPlan, device_from_cli, plan_full, plan_tiny
+from grpo_launch.plan import TINY_PRESETS, LaunchPlan, device_from_cli, plan_full, plan_tiny, tiny_output_dir
 from grpo_launch.profile import DEVICE_KINDS, LaunchProfile
+from grpo_launch.run_log import RunLog
 from grpo_launch.steps import preflight_problems, preflight_warnings, run_common_steps
 
 log = structlog.get_logger()
-
-EXIT_USAGE = 2
 
 
 def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
@@ -50,7 +56,18 @@ def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the resolved launch and exit")
     parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and logs go here")
     parser.add_argument(
-        "--log-level", choices=LOG_LEVELS, default=None, help="the same as logging.level=LEVEL (default: info)"
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="settings in YAML (what from-verl writes, or a --dry-run output), over the launcher's own; "
+        "key=value overrides go over the file's",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=None,
+        help="the same as logging.level=LEVEL (default: info)",
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     return parser
@@ -80,27 +97,84 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
     if bad:
         print(f"error: overrides are key=value pairs; got {' '.join(bad)}", file=sys.stderr)
         return EXIT_USAGE
+    config_file: ConfigFile | None = None
+    if args.config is not None:
+        try:
+            config_file = read_config_file(args.config)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        given = {o.partition("=")[0].strip().lstrip("+") for o in args.overrides}
+        config_file = config_file.without(given)  # a key given on the command line is not the file's fault
+        args.overrides = [*config_file.overrides, *args.overrides]
     if args.log_level is not None:
         args.overrides = [*args.overrides, f"logging.level={args.log_level}"]
     # The level asked for on the command line from the start (planning may build the tiny preset);
     # the resolved config's, once it is known.
-    asked = [o.partition("=")[2].strip() for o in args.overrides if o.partition("=")[0].strip() == "logging.level"]
-    json_lines = configure_logging(level=asked[-1] if asked and asked[-1] in LOG_LEVELS else "info")
-    try:
-        plan = plan_launch(profile, args)
-        json_lines = configure_logging(level=plan.config.logging.level)
-        if args.dry_run:
-            sys.stdout.write(render_dry_run(plan, environ=os.environ))
-            for problem in preflight_problems(plan):
-                log.warning("a real launch would stop here", problem=problem)
-            for warning in preflight_warnings(plan):
-                log.warning("check the model", warning=warning)
-            return 0
-        run_common_steps(plan)
-    except ValueError as exc:  # LaunchError, grpo_config.ConfigError and bad environment values
-        print(f"error: {exc}", file=sys.stderr)
+    level = _asked_level(args.overrides)
+    json_lines = configure_logging(level=level)
+    run_log: RunLog | None = None
+    plan: LaunchPlan | None = None
+    with contextlib.ExitStack() as held:
+        try:
+            if args.preset in TINY_PRESETS:  # a tiny preset builds its model and task while it is planned
+                run_log = _hold_output_dir(
+                    held, tiny_output_dir(profile, args.output_dir, args.preset), argv, level=level
+                )
+            plan = plan_launch(profile, args)
+            json_lines = configure_logging(level=plan.config.logging.level)
+            if args.dry_run:
+                sys.stdout.write(render_dry_run(plan, environ=os.environ))
+                for problem in preflight_problems(plan):
+                    log.warning("a real launch would stop here", problem=problem)
+                for warning in preflight_warnings(plan):
+                    log.warning("check the model", warning=warning)
+                return 0
+            if run_log is None:
+                run_log = _hold_output_dir(held, plan.output_dir, argv, level=level)
+                json_lines = configure_logging(level=plan.config.logging.level)
+            run_common_steps(plan)
+            return _train(plan, json_lines=json_lines)
+        except SystemExit:
+            raise
+        except BaseException as exc:  # KeyboardInterrupt; torch's CheckpointException is one too
+            return _failed(exc, plan=plan, run_log=run_log, config_file=config_file)
+
+
+def _hold_output_dir(
+    held: contextlib.ExitStack, output_dir: Path, argv: Sequence[str] | None, *, level: str
+) -> RunLog:
+    """Lock the output folder for the launch (a second launch into it stops with exit 2) and copy
+    stderr into its run.log from here on."""
+    from grpo_ckpt import RunLock
+
+    held.enter_context(RunLock(output_dir, what="--output-dir"))
+    run_log = RunLog(output_dir)
+    run_log.start(list(sys.argv[:1]) + list(sys.argv[1:] if argv is None else argv))
+    held.callback(run_log.stop)
+    configure_logging(level=level)  # onto the stream that copies into the log
+    return run_log
+
+
+def _failed(
+    exc: BaseException, *, plan: LaunchPlan | None, run_log: RunLog | None, config_file: ConfigFile | None
+) -> int:
+    """The one line and exit status of a failed launch; the traceback into the run's log."""
+    if run_log is None and isinstance(exc, ValueError):  # before the run: a setting, a file, the folder
+        where = config_file.blame(exc) if config_file and isinstance(exc, ConfigError) else None
+        print(f"error: {where + ': ' if where else ''}{one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
-    return _train(plan, json_lines=json_lines)
+    if run_log is not None:
+        run_log.traceback(exc)
+    failure = describe(
+        exc,
+        checkpoint_dir=plan.config.checkpoint.dir if plan is not None else None,
+        log_path=run_log.path if run_log is not None else None,
+    )
+    if run_log is None and failure.exit_code == EXIT_BUG:
+        traceback.print_exception(exc, file=sys.stderr)  # no log to keep it in
+    print(f"error: {failure.line}", file=sys.stderr)
+    return failure.exit_code
 
 
 def _train(plan: LaunchPlan, *, json_lines: bool) -> int:
@@ -119,6 +193,13 @@ def _train(plan: LaunchPlan, *, json_lines: bool) -> int:
     result = train(plan.config, ray_runtime_env=worker_runtime_env(level=level, json=json_lines))
     log.info("training finished", launcher=plan.launcher, result=_describe(result))
     return 0
+
+
+def _asked_level(overrides: Sequence[str] | None) -> str:
+    asked = [
+        o.partition("=")[2].strip() for o in overrides or () if o.partition("=")[0].strip() == "logging.level"
+    ]
+    return asked[-1] if asked and asked[-1] in LOG_LEVELS else "info"
 
 
 def _describe(result: object) -> dict[str, object]:

@@ -132,7 +132,7 @@ def plan_tiny(
     device is the CPU unless chosen explicitly."""
     from grpo_launch.presets import tiny_preset, tiny_vl_preset  # build models: imported only when asked for
 
-    out = (output_dir or Path("outputs") / f"{profile.launcher.removeprefix('grpo-launch-')}-{preset}").absolute()
+    out = tiny_output_dir(profile, output_dir, preset)
     base = tiny_vl_preset(out) if preset == "tiny-vl" else tiny_preset(out)
     merged = deep_merge(base, {"device": {"kind": DEVICE_KINDS[device]}})
     config = _load(merged, overrides, num_experts=None)
@@ -146,6 +146,11 @@ def plan_tiny(
         output_dir=out,
         data=None,
     )
+
+
+def tiny_output_dir(profile: LaunchProfile, output_dir: Path | None, preset: Preset) -> Path:
+    """Where a tiny preset builds its model and task and writes its run."""
+    return (output_dir or Path("outputs") / f"{profile.launcher.removeprefix('grpo-launch-')}-{preset}").absolute()
 
 
 def _load(merged: dict[str, Any], overrides: Sequence[str], *, num_experts: int | None) -> TrainerConfig:

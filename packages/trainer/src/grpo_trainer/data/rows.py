@@ -72,7 +72,11 @@ def as_path_list(paths: str | Path | Sequence[str | Path]) -> list[Path]:
 
 def _check_file(path: Path) -> None:
     if not path.is_file():
-        raise DataFileError(f"data file {str(path)!r} does not exist (or is not a file)")
+        raise DataFileError(
+            f"data file {str(path)!r} does not exist (or is not a file): give data.train_files / data.val_files "
+            "(TRAIN_FILES / VAL_FILES for the launchers) existing parquet or jsonl files, or build them with "
+            "`hatch run prepare-data`"
+        )
     if path.suffix not in SUPPORTED_SUFFIXES:
         raise DataFileError(
             f"data file {str(path)!r}: unsupported suffix {path.suffix!r}; use one of {SUPPORTED_SUFFIXES}"

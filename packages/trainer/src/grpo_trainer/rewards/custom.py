@@ -26,6 +26,11 @@ def load_custom_fn(spec: str) -> RewardFn:
         raise CustomRewardError(
             f"reward.custom_fn={spec!r}: cannot import module {module_name!r} ({exc}); is it on PYTHONPATH?"
         ) from exc
+    except Exception as exc:  # the module itself fails: a syntax error, an import-time exception
+        raise CustomRewardError(
+            f"reward.custom_fn={spec!r}: importing {module_name!r} failed with {type(exc).__name__}: {exc}; "
+            "fix the module (the whole traceback is in the run's log)"
+        ) from exc
     for part in attr_path.strip().split("."):
         if not hasattr(target, part):
             raise CustomRewardError(

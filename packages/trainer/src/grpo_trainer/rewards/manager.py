@@ -40,6 +40,13 @@ class RewardResult:
     n_errors: int = 0
     n_timeouts: int = 0
     n_unknown_source: int = 0
+    first_failure: str | None = None  # what the first failed item's reward said (or why it had none)
+
+    @property
+    def all_failed(self) -> bool:
+        """Every item failed (raised, timed out or had no reward function): the scores say nothing."""
+        failed = self.n_errors + self.n_timeouts + self.n_unknown_source
+        return bool(self.scores) and failed == len(self.scores)
 
 
 def _as_item(item: RewardItem | Mapping[str, Any]) -> RewardItem:
@@ -57,6 +64,11 @@ def _as_item(item: RewardItem | Mapping[str, Any]) -> RewardItem:
 
 def _name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class AllRewardsFailedError(ValueError):
+    """Every reward call of a step failed: the run would train on zeros. The message gives the
+    first failure and the setting to fix."""
 
 
 class RewardManager:
@@ -160,11 +172,17 @@ class RewardManager:
                         for i, message in failed[:MAX_LOGGED_FAILURES]
                     ],
                 )
+        failed = sorted([*failures["error"], *failures["timeout"]])
+        first = failed[0][1] if failed else None
+        if first is None and n_unknown:
+            source = next(item.data_source for item in rewards if self._resolve(item.data_source) is None)
+            first = f"no reward function for data_source {source!r}"
         return RewardResult(
             scores=scores,
             n_errors=len(failures["error"]),
             n_timeouts=len(failures["timeout"]),
             n_unknown_source=n_unknown,
+            first_failure=first,
         )
 
     def close(self) -> None:
