@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from grpo_config.from_verl import convert, is_override_file, main
 from grpo_config.verl_script import ScriptError, read_trainer_call, run_script
@@ -126,4 +127,18 @@ def test_the_command_line_prints_yaml_for_a_real_script(tmp_path: Path) -> None:
         check=False,
     )
     assert "lines mapped" in done.stderr and "refused" in done.stderr
-    assert "parallel:" in done.stdout and "actor:" in done.stdout
+    settings = yaml.safe_load(done.stdout)  # the YAML alone on stdout: warnings go to stderr, once each
+    assert settings["actor"]["backend"] == "megatron" and "parallel" in settings
+    assert done.stderr.count("config.deprecated_key") == 1
+    run = tmp_path / "run.yaml"
+    run.write_text(done.stdout)
+    dry = subprocess.run(
+        [str(Path(sys.executable).with_name("grpo-launch-35b")), "--dry-run", "--device", "gpu", "--config", str(run)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "DEVICE"} | {"HOME": str(tmp_path)},
+        timeout=120,
+        check=False,
+    )
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert yaml.safe_load(dry.stdout)["config"]["actor"]["lr"] == settings["actor"]["lr"]

@@ -196,6 +196,27 @@ def script_overrides(path: Path, *, env: Mapping[str, str], timeout_s: float) ->
     return read_trainer_call(path, env=env, timeout_s=timeout_s).overrides
 
 
+def _log_once_to_stderr() -> None:
+    """from-verl's own entry point: stdout carries the YAML, so warnings go to stderr, each once
+    (a deprecated key is met once per line judged)."""
+    import structlog
+
+    seen: set[str] = set()
+
+    def once(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+        key = repr(sorted(event.items()))
+        if key in seen:
+            raise structlog.DropEvent
+        seen.add(key)
+        return event
+
+    structlog.configure(
+        processors=[once, structlog.stdlib.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="from-verl",
@@ -210,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds the script may run (default 60)")
     args = parser.parse_args(argv)
+    _log_once_to_stderr()
     try:
         text = args.script.read_text(encoding="utf-8")
     except OSError as exc:
