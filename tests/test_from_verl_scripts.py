@@ -142,3 +142,37 @@ def test_the_command_line_prints_yaml_for_a_real_script(tmp_path: Path) -> None:
     )
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert yaml.safe_load(dry.stdout)["config"]["actor"]["lr"] == settings["actor"]["lr"]
+
+
+def _launch(*argv: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("grpo-launch-35b")), *argv],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "DEVICE"} | {"HOME": str(home), "LR": "4e-6"},
+        timeout=180,
+        check=False,
+    )
+
+
+def test_the_launcher_runs_a_verl_script_over_its_profile(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "#!/bin/bash\nset -x\nLR=${LR:-3e-6}\nARGS=(actor_rollout_ref.actor.optim.lr=$LR actor_rollout_ref.rollout.n=6)\n"
+        'python3 -m verl.trainer.main_ppo "${ARGS[@]}" data.max_response_length=$((512*2)) actor_rollout_ref.actor.ppo_epochs=1\n'
+    )
+    done = _launch("--from-verl", str(script), "--dry-run", "--device", "gpu", "--", "actor.ppo_epochs=2", home=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cfg = yaml.safe_load(done.stdout)["config"]
+    assert cfg["actor"]["lr"] == 4e-6  # the user's environment, as bash saw it
+    assert (cfg["rollout"]["n"], cfg["data"]["max_response_length"]) == (6, 1024)
+    assert cfg["actor"]["ppo_epochs"] == 2  # the command line over the script
+    assert cfg["parallel"]["ep"] == 8  # the rest is the 35B profile's
+
+
+def test_the_launcher_refuses_a_verl_script_with_settings_it_cannot_honour(tmp_path: Path) -> None:
+    script = SCRIPTS / "run_qwen3moe-30b_megatron_96gb.sh"
+    done = _launch("--from-verl", str(script), "--dry-run", "--device", "gpu", home=tmp_path)
+    assert done.returncode == 2
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "13 of its settings cannot be honoured here" in line and f"hatch run from-verl {script}" in line
