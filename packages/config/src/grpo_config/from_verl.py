@@ -1,8 +1,8 @@
 """verl Hydra overrides -> a grpo YAML, with every line grpo refuses and why.
 
-`hatch run from-verl run_qwen3_5.sh > run.yaml` reads a verl launch script (the overrides after
-`verl.trainer.main_ppo`, shell variables substituted with their values or `${VAR:-default}`s, else the environment's) or a
-file of one `key=value` per line. The YAML holds what maps onto grpo settings, typed; each refused
+`hatch run from-verl run_qwen3_5.sh > run.yaml` reads a verl launch script as bash runs it (with
+stand-ins for the commands that would start work: `verl_script.py`), taking the overrides of its
+trainer call, or a file of one `key=value` per line. The YAML holds what maps onto grpo settings, typed; each refused
 line goes to stderr with its reason. Exit status 0 when the YAML loads as it is, 1 otherwise.
 """
 
@@ -180,15 +180,77 @@ def convert(overrides: Iterable[str]) -> Conversion:
     )
 
 
+_OVERRIDE_LINE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.-]*(=\S.*|=)?$")
+
+
+def is_override_file(text: str) -> bool:
+    """A file of one `key=value` per line (comments and blank lines aside), not a script."""
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return bool(lines) and all(_OVERRIDE_LINE.match(line) and "=" in line for line in lines)
+
+
+def script_overrides(path: Path, *, env: Mapping[str, str], timeout_s: float) -> list[str]:
+    """The overrides of a verl script as bash resolves them (`verl_script`)."""
+    from grpo_config.verl_script import read_trainer_call
+
+    return read_trainer_call(path, env=env, timeout_s=timeout_s).overrides
+
+
+def _log_once_to_stderr() -> None:
+    """from-verl's own entry point: stdout carries the YAML, so warnings go to stderr, each once
+    (a deprecated key is met once per line judged)."""
+    import structlog
+
+    seen: set[str] = set()
+
+    def once(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+        key = repr(sorted(event.items()))
+        if key in seen:
+            raise structlog.DropEvent
+        seen.add(key)
+        return event
+
+    structlog.configure(
+        processors=[once, structlog.stdlib.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="from-verl",
         description="Turn a verl launch script's Hydra overrides into a grpo YAML (stdout); refused "
-        "lines and their reasons go to stderr.",
+        "lines and their reasons go to stderr. A script runs under bash with stand-ins for every "
+        "command that would start work or download (python, torchrun, ray, hf, wget, git, ...), so "
+        "its arrays, variables and branches resolve as they would.",
     )
     parser.add_argument("script", type=Path, help="a verl launch script, or a file of key=value lines")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="a variable the script reads (repeatable)"
+    )
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds the script may run (default 60)")
     args = parser.parse_args(argv)
-    conversion = convert(overrides_from_script(args.script.read_text(encoding="utf-8")))
+    _log_once_to_stderr()
+    try:
+        text = args.script.read_text(encoding="utf-8")
+    except OSError as exc:
+        print(f"from-verl: cannot read {args.script}: {exc}", file=sys.stderr)
+        return 2
+    if is_override_file(text):
+        overrides = overrides_from_script(text)
+    else:
+        bad = [e for e in args.env if "=" not in e]
+        if bad:
+            print(f"from-verl: --env takes KEY=VALUE, got {' '.join(bad)}", file=sys.stderr)
+            return 2
+        env = dict(e.split("=", 1) for e in args.env)
+        try:
+            overrides = script_overrides(args.script, env=env, timeout_s=args.timeout)
+        except ValueError as exc:
+            print(f"from-verl: {exc}", file=sys.stderr)
+            return 2
+    conversion = convert(overrides)
     sys.stdout.write(conversion.to_yaml())
     for line in conversion.inferred:
         print(f"added: {line} (verl's Megatron keys are those of its Megatron trainer)", file=sys.stderr)

@@ -55,13 +55,22 @@ def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
     )
     parser.add_argument("--dry-run", action="store_true", help="print the resolved launch and exit")
     parser.add_argument("--output-dir", type=Path, default=None, help="checkpoints and logs go here")
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
         "--config",
         type=Path,
         default=None,
         metavar="FILE",
         help="settings in YAML (what from-verl writes, or a --dry-run output), over the launcher's own; "
         "key=value overrides go over the file's",
+    )
+    source.add_argument(
+        "--from-verl",
+        type=Path,
+        default=None,
+        metavar="SCRIPT",
+        help="a verl launch script, run under bash with stand-ins (nothing starts) and read as its trainer "
+        "call's overrides, over the launcher's own; key=value overrides go over the script's",
     )
     parser.add_argument(
         "--log-level",
@@ -97,6 +106,12 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
     if bad:
         print(f"error: overrides are key=value pairs; got {' '.join(bad)}", file=sys.stderr)
         return EXIT_USAGE
+    if args.log_level is not None:
+        args.overrides = [*args.overrides, f"logging.level={args.log_level}"]
+    # The level asked for on the command line from the start (a verl script is read, planning may
+    # build the tiny preset); the resolved config's, once it is known.
+    level = _asked_level(args.overrides)
+    json_lines = configure_logging(level=level)
     config_file: ConfigFile | None = None
     if args.config is not None:
         try:
@@ -107,12 +122,12 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
         given = {o.partition("=")[0].strip().lstrip("+") for o in args.overrides}
         config_file = config_file.without(given)  # a key given on the command line is not the file's fault
         args.overrides = [*config_file.overrides, *args.overrides]
-    if args.log_level is not None:
-        args.overrides = [*args.overrides, f"logging.level={args.log_level}"]
-    # The level asked for on the command line from the start (planning may build the tiny preset);
-    # the resolved config's, once it is known.
-    level = _asked_level(args.overrides)
-    json_lines = configure_logging(level=level)
+    if args.from_verl is not None:
+        try:
+            args.overrides = [*verl_script_overrides(args.from_verl), *args.overrides]
+        except ValueError as exc:
+            print(f"error: {one_line(str(exc))}", file=sys.stderr)
+            return EXIT_USAGE
     run_log: RunLog | None = None
     plan: LaunchPlan | None = None
     with contextlib.ExitStack() as held:
@@ -139,6 +154,23 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
             raise
         except BaseException as exc:  # KeyboardInterrupt; torch's CheckpointException is one too
             return _failed(exc, plan=plan, run_log=run_log, config_file=config_file)
+
+
+def verl_script_overrides(script: Path) -> list[str]:
+    """The overrides of a verl script's trainer call that grpo honours; ValueError naming those it
+    cannot (each with its reason in `hatch run from-verl SCRIPT`)."""
+    from grpo_config.from_verl import convert, script_overrides
+
+    conversion = convert(script_overrides(script, env={}, timeout_s=60.0))
+    if conversion.refused:
+        keys = ", ".join(line for line, _ in conversion.refused)
+        raise ValueError(
+            f"--from-verl {script}: {len(conversion.refused)} of its settings cannot be honoured here: {keys}. "
+            f"`hatch run from-verl {script}` gives each one's reason; remove them from the script, or write the "
+            "YAML with from-verl, edit it and launch it with --config"
+        )
+    log.info("from_verl", script=str(script), settings=len(conversion.accepted))
+    return list(conversion.accepted)
 
 
 def _hold_output_dir(

@@ -1,0 +1,178 @@
+"""from-verl on verl's own launch scripts as a user pastes them (tests/data/verl_scripts, from
+verl's repository): the script runs under bash with stand-ins for every command that would start
+work, download or change files, so its arrays, `${VAR:-default}`s, arithmetic and branches resolve
+as bash resolves them; the trainer call is found among the recorded commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_config.from_verl import convert, is_override_file, main
+from grpo_config.verl_script import ScriptError, read_trainer_call, run_script
+
+SCRIPTS = Path(__file__).parent / "data" / "verl_scripts"
+# The variables a script reads without a default (under `set -u`), as a user would export them.
+ENV = {"test_gspo_qwen30b_a3b_ep.sh": {"HDFS_ROOT": "/hdfs", "DATA_ROOT": "/data"}}
+# Overrides mapped now, per script (of those bash resolves); the rest are refused with a reason.
+# run_qwen3_vl-30b-megatron.sh's trainer call ends at the comment line inside its continued command:
+# bash (and so verl) never sees the overrides after it; the stand-ins show the same.
+MAPPED_AT_LEAST = 0.6
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in SCRIPTS.glob("*.sh")))
+def test_each_verl_script_resolves_to_its_trainer_call_and_maps(script: str) -> None:
+    call = read_trainer_call(SCRIPTS / script, env=ENV.get(script, {}), timeout_s=60)
+    assert call.entry_point in ("verl.trainer.main_ppo", "recipe.dapo.main_dapo") or call.entry_point.endswith(
+        "main_ppo.py"
+    ), call.entry_point
+    assert len(call.overrides) >= 20
+    assert not [o for o in call.overrides if "$" in o], "bash left a variable unexpanded"
+    conversion = convert(call.overrides)
+    mapped = len(conversion.accepted) - len(conversion.inferred)
+    print(f"\n{script}: {mapped} of {len(call.overrides)} mapped, {len(conversion.refused)} refused")
+    assert mapped >= MAPPED_AT_LEAST * len(call.overrides)
+
+
+def test_arrays_defaults_arithmetic_and_branches_resolve_as_bash_does(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            #!/usr/bin/env bash
+            set -xeuo pipefail
+            NNODES=${NNODES:-2}
+            GPUS=8
+            MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3-8B}
+            case "${BACKEND:-megatron}" in
+              megatron) TP=4 ;;
+              *) TP=1 ;;
+            esac
+            if [ "$NNODES" -gt 1 ]; then LR=1e-6; else LR=2e-6; fi
+            ALGORITHM=(
+                algorithm.adv_estimator=grpo
+                algorithm.use_kl_in_reward=False
+            )
+            ACTOR=(
+                actor_rollout_ref.model.path="$MODEL_PATH"
+                actor_rollout_ref.actor.optim.lr=$LR
+                actor_rollout_ref.rollout.tensor_model_parallel_size=$TP
+                data.train_batch_size=$((NNODES * GPUS * 4))
+            )
+            mkdir -p logs
+            python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_megatron_trainer.yaml' \\
+                "${ALGORITHM[@]}" "${ACTOR[@]}" +trainer.val_only=False ~actor_rollout_ref.ref \\
+                trainer.nnodes=$NNODES trainer.n_gpus_per_node=$GPUS "$@" 2>&1 | tee logs/run.log
+            """
+        )
+    )
+    call = read_trainer_call(script, env={"HOME": "/home/u", "NNODES": "4"})
+    assert call.config_name == "ppo_megatron_trainer.yaml" and call.config_path == "config"
+    assert call.overrides == [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        "actor_rollout_ref.model.path=/home/u/models/Qwen3-8B",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+        "data.train_batch_size=128",
+        "+trainer.val_only=False",
+        "~actor_rollout_ref.ref",
+        "trainer.nnodes=4",
+        "trainer.n_gpus_per_node=8",
+    ]
+
+
+def test_the_stand_ins_start_nothing_and_change_no_file(tmp_path: Path) -> None:
+    keep = tmp_path / "keep.txt"
+    keep.write_text("mine")
+    script = tmp_path / "run.sh"
+    script.write_text(
+        f"rm -rf {tmp_path}\nwget https://example.com/x -O {keep}\nhf download Qwen/Qwen3-8B\n"
+        f"cp /etc/hostname {keep}\npython3 -m verl.trainer.main_ppo data.train_batch_size=8\n"
+    )
+    calls, _ = run_script(script)
+    assert [c[0] for c in calls] == ["rm", "wget", "hf", "cp", "python3"]
+    assert keep.read_text() == "mine"
+
+
+def test_a_script_without_a_trainer_call_is_an_error_that_says_so(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text("set -u\necho preparing\npython3 prepare.py --out $DATA_DIR\n")
+    with pytest.raises(ScriptError, match="DATA_DIR: unbound variable"):
+        read_trainer_call(script)
+    assert main([str(script)]) == 2
+    assert "no verl trainer call found" in capsys.readouterr().err
+    assert main([str(script), "--env", "DATA_DIR=/d"]) == 2  # it runs, but still starts no trainer
+
+
+def test_a_file_of_overrides_is_read_as_lines_not_run() -> None:
+    assert is_override_file("# a recipe\ndata.train_batch_size=8\n+trainer.val_only=False\n")
+    assert not is_override_file("set -x\npython3 -m verl.trainer.main_ppo data.x=1\n")
+
+
+def test_the_command_line_prints_yaml_for_a_real_script(tmp_path: Path) -> None:
+    script = SCRIPTS / "run_qwen3moe-30b_megatron_96gb.sh"
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_config.from_verl", str(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+        timeout=120,
+        check=False,
+    )
+    assert "lines mapped" in done.stderr and "refused" in done.stderr
+    settings = yaml.safe_load(done.stdout)  # the YAML alone on stdout: warnings go to stderr, once each
+    assert settings["actor"]["backend"] == "megatron" and "parallel" in settings
+    assert done.stderr.count("config.deprecated_key") == 1
+    run = tmp_path / "run.yaml"
+    run.write_text(done.stdout)
+    dry = subprocess.run(
+        [str(Path(sys.executable).with_name("grpo-launch-35b")), "--dry-run", "--device", "gpu", "--config", str(run)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "DEVICE"} | {"HOME": str(tmp_path)},
+        timeout=120,
+        check=False,
+    )
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert yaml.safe_load(dry.stdout)["config"]["actor"]["lr"] == settings["actor"]["lr"]
+
+
+def _launch(*argv: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("grpo-launch-35b")), *argv],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "DEVICE"} | {"HOME": str(home), "LR": "4e-6"},
+        timeout=180,
+        check=False,
+    )
+
+
+def test_the_launcher_runs_a_verl_script_over_its_profile(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "#!/bin/bash\nset -x\nLR=${LR:-3e-6}\nARGS=(actor_rollout_ref.actor.optim.lr=$LR actor_rollout_ref.rollout.n=6)\n"
+        'python3 -m verl.trainer.main_ppo "${ARGS[@]}" data.max_response_length=$((512*2)) actor_rollout_ref.actor.ppo_epochs=1\n'
+    )
+    done = _launch("--from-verl", str(script), "--dry-run", "--device", "gpu", "--", "actor.ppo_epochs=2", home=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cfg = yaml.safe_load(done.stdout)["config"]
+    assert cfg["actor"]["lr"] == 4e-6  # the user's environment, as bash saw it
+    assert (cfg["rollout"]["n"], cfg["data"]["max_response_length"]) == (6, 1024)
+    assert cfg["actor"]["ppo_epochs"] == 2  # the command line over the script
+    assert cfg["parallel"]["ep"] == 8  # the rest is the 35B profile's
+
+
+def test_the_launcher_refuses_a_verl_script_with_settings_it_cannot_honour(tmp_path: Path) -> None:
+    script = SCRIPTS / "run_qwen3moe-30b_megatron_96gb.sh"
+    done = _launch("--from-verl", str(script), "--dry-run", "--device", "gpu", home=tmp_path)
+    assert done.returncode == 2
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "13 of its settings cannot be honoured here" in line and f"hatch run from-verl {script}" in line
