@@ -63,6 +63,8 @@ READ: dict[str, tuple[str, ...]] = {
     ),
     "test_freq": (TINY_TRAIN,),
     "val_before_train": (TINY_TRAIN,),
+    # read as inert (reported as ignored, never silently): packages/config/tests/test_inert.py
+    "data.val_batch_size": ("packages/config/tests/test_inert.py::test_a_setting_whose_switch_is_off_loads_and_is_named_inert",),
     "max_zero_advantage_steps": ("tests/test_faults.py::test_a_run_without_learning_signal_stops_after_the_set_number_of_steps",),
     "device.kind": (f"{TRAINER}/test_devices.py::test_explicit_kind_is_parsed_without_detection",),
     "device.nnodes": (PHASE_TIMEOUTS,),
@@ -350,7 +352,6 @@ SAME_LAYOUT = "ref.parallel differs from parallel"
 # leaf -> (overrides that set a value grpo cannot honour, what the refusal says).
 REFUSED: dict[str, tuple[list[str], str]] = {
     "parallel.cp": ([*MEGATRON, "parallel.cp=2"], "context parallelism is not supported"),
-    "data.val_batch_size": (["data.val_batch_size=16"], "grpo generates the whole validation set"),
     "actor.megatron.bridge": (
         [*MEGATRON, "actor.megatron.bridge=mbridge"],
         "allowed values: 'megatron-bridge'",

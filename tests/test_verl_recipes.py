@@ -143,7 +143,7 @@ def test_a_verl_script_is_read_with_its_shell_variables(tmp_path: Path, monkeypa
     assert settings["logging"] == {"console": True, "tensorboard": False}
     assert settings["actor"] == {"backend": "megatron", "model_path": "/home/u/models/Qwen3.5-35B-A3B"}
     assert "added: actor_rollout_ref.actor.strategy=megatron" in proc.stderr
-    assert "4 lines mapped, 0 refused" in proc.stderr and "parallel.tp" in proc.stderr
+    assert "4 lines mapped, 0 inert, 0 refused" in proc.stderr and "parallel.tp" in proc.stderr
 
 
 DAPO_GSPO_TIS = """

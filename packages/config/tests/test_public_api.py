@@ -21,6 +21,7 @@ def test_public_api_is_frozen() -> None:
         "TimeoutsConfig",
         "TrainerConfig",
         "__version__",
+        "inert_settings",
         "load",
         "resolve_ref",
         "to_dict",

@@ -138,7 +138,7 @@ def test_loss_scale_factor_is_positive_and_only_with_the_mode_that_reads_it() ->
     norm = "actor.loss_agg_mode=seq-mean-token-sum-norm"
     assert load(None, [norm, "actor.loss_scale_factor=4096"]).actor.loss_scale_factor == 4096
     assert "actor.loss_scale_factor=0.0 is out of range" in _problems([norm, "actor.loss_scale_factor=0"])
-    assert "read by loss_agg_mode=seq-mean-token-sum-norm only" in _problems(["actor.loss_scale_factor=4096"])
+    assert load(None, ["actor.loss_scale_factor=4096"]).actor.loss_agg_mode != "seq-mean-token-sum-norm"  # inert
 
 
 def test_adv_estimator_takes_grpo_or_rloo_and_refuses_the_rest() -> None:
@@ -146,8 +146,7 @@ def test_adv_estimator_takes_grpo_or_rloo_and_refuses_the_rest() -> None:
     with pytest.raises(ConfigError, match="allowed values: 'grpo', 'rloo'"):
         load(None, ["algorithm.adv_estimator=gae"])
     assert "rollout.n=1 with algorithm.adv_estimator=rloo" in _problems(["algorithm.adv_estimator=rloo", "rollout.n=1"])
-    refused = _problems(["algorithm.adv_estimator=rloo", "algorithm.norm_adv_by_std=false"])
-    assert "algorithm.norm_adv_by_std=False: read by algorithm.adv_estimator=grpo only" in refused
+    load(None, ["algorithm.adv_estimator=rloo", "algorithm.norm_adv_by_std=false"])  # inert: test_inert.py
 
 
 def test_a_rollout_replica_stays_on_one_node() -> None:

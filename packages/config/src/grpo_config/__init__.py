@@ -24,7 +24,7 @@ from grpo_config.schema import (
     TrainerConfig,
 )
 from grpo_config.serialize import to_dict, to_yaml
-from grpo_config.validate import validate
+from grpo_config.validate import inert_settings, validate
 from grpo_config.version import __version__
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "TimeoutsConfig",
     "TrainerConfig",
     "__version__",
+    "inert_settings",
     "load",
     "resolve_ref",
     "to_dict",

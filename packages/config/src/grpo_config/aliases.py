@@ -118,6 +118,10 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_RO}.dtype": "rollout.dtype",
         f"{_RO}.checkpoint_engine.update_weights_bucket_megabytes": "rollout.weight_sync_bucket_mb",
         f"{_RO}.engine_kwargs.vllm": "rollout.engine_kwargs",
+        # verl passes these straight to vLLM's engine, as rollout.engine_kwargs does.
+        f"{_RO}.enable_chunked_prefill": "rollout.engine_kwargs.enable_chunked_prefill",
+        f"{_RO}.enable_prefix_caching": "rollout.engine_kwargs.enable_prefix_caching",
+        "trainer.resume_from_path": "checkpoint.resume",
         f"{_RO}.engine_kwargs.vllm.max_model_len": "rollout.max_model_len",
         f"{_RO}.val_kwargs.n": "rollout.val_n",
         f"{_RO}.val_kwargs.temperature": "rollout.val_temperature",
@@ -252,6 +256,22 @@ def _hybrid_engine_settings(key: str, value: Any) -> list[tuple[str, Any]]:
     return [] if flag else [("rollout.mode", "one_step_off")]
 
 
+# verl's trainer.resume_mode -> checkpoint.resume ("resume_path": trainer.resume_from_path names it).
+_RESUME_MODES: Mapping[str, str] = MappingProxyType({"auto": "auto", "disable": "none"})
+
+
+def _resume_settings(key: str, value: Any) -> list[tuple[str, Any]]:
+    mode = _as_python(value)
+    if mode in _RESUME_MODES:
+        return [("checkpoint.resume", _RESUME_MODES[mode])]
+    if mode == "resume_path":
+        return []
+    raise ConfigError(
+        f"'{key}={value}': verl's resume modes are auto, disable and resume_path (with trainer.resume_from_path).",
+        key=key,
+    )
+
+
 def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
     """For a verl key with no one-to-one grpo setting: the (grpo key, value) pairs it sets (maybe
     none), or ConfigError with the reason it is refused. None when `key` is not such a key."""
@@ -259,6 +279,8 @@ def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
         return _logger_settings(key, value)
     if key == HYBRID_ENGINE_KEY:
         return _hybrid_engine_settings(key, value)
+    if key == "trainer.resume_mode":
+        return _resume_settings(key, value)
     if key in _FIXED_KEYS:
         return _fixed_settings(key, value)
     if key in _REFUSED_KEYS:
@@ -301,4 +323,4 @@ def resolve_alias(key: str) -> str | None:
 
 
 def all_alias_keys() -> list[str]:
-    return [*ALIASES, *_BRIDGE_KEYS, *_FIXED_KEYS, *_REFUSED_KEYS, "trainer.logger", HYBRID_ENGINE_KEY]
+    return [*ALIASES, *_BRIDGE_KEYS, *_FIXED_KEYS, *_REFUSED_KEYS, "trainer.logger", "trainer.resume_mode", HYBRID_ENGINE_KEY]

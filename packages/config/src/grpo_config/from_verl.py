@@ -24,7 +24,7 @@ from grpo_config.errors import ConfigError
 from grpo_config.loader import build
 from grpo_config.serialize import to_dict
 from grpo_config.sources import collect
-from grpo_config.validate import validate, value_problems
+from grpo_config.validate import inert_settings, validate, value_problems
 
 _ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
 _VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)(?::?[-=]([^}]*))?\}|\$([A-Za-z_]\w*)")
@@ -42,9 +42,14 @@ class Conversion:
     refused: list[tuple[str, str]] = field(default_factory=list)  # (override, reason)
     problems: str | None = None  # why the accepted settings do not load together, if they do not
     inferred: list[str] = field(default_factory=list)  # overrides added, not written by the user
+    inert: list[tuple[str, str]] = field(default_factory=list)  # (override, why it does nothing) as in verl
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.settings, sort_keys=False, default_flow_style=False, allow_unicode=True)
+        text = yaml.safe_dump(self.settings, sort_keys=False, default_flow_style=False, allow_unicode=True)
+        if self.inert:
+            text += "# Ignored: these do nothing here, as in verl (their switch is off):\n"
+            text += "".join(f"#   {line}  ({why})\n" for line, why in self.inert)
+        return text
 
 
 def _expand(text: str, variables: Mapping[str, str]) -> str:
@@ -164,6 +169,18 @@ def convert(overrides: Iterable[str]) -> Conversion:
             refused[line] = _why_refused(line, inferred) or "does not load beside the other settings"
     accepted = [line for line in lines if line in candidates]
     refused_in_order = [(line, refused[line]) for line in lines if line in refused]
+    # Lines that load but do nothing (their switch is off): listed, not written as settings.
+    why_inert = {
+        text.partition("=")[0]: why for texts, why in inert_settings(build(collect({}, accepted))) for text in texts
+    }
+    inert = [
+        (line, why_inert[key])
+        for line in accepted
+        if line not in inferred
+        for key in sorted(_grpo_keys(line))[:1]
+        if key in why_inert
+    ]
+    accepted = [line for line in accepted if line not in {line for line, _ in inert}]
     flat = collect({}, accepted)
     cfg = build(flat)
     typed = to_dict(cfg)
@@ -176,7 +193,12 @@ def convert(overrides: Iterable[str]) -> Conversion:
     except ConfigError as exc:
         problems = str(exc)
     return Conversion(
-        settings=settings, accepted=accepted, refused=refused_in_order, problems=problems, inferred=inferred
+        settings=settings,
+        accepted=accepted,
+        refused=refused_in_order,
+        problems=problems,
+        inferred=inferred,
+        inert=inert,
     )
 
 
@@ -256,9 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"added: {line} (verl's Megatron keys are those of its Megatron trainer)", file=sys.stderr)
     for line, reason in conversion.refused:
         print(f"refused: {line}\n  {reason}", file=sys.stderr)
+    for line, why in conversion.inert:
+        print(f"ignored: {line}\n  does nothing here, as in verl: {why}", file=sys.stderr)
     print(
         f"from-verl: {len(conversion.accepted) - len(conversion.inferred)} lines mapped, "
-        f"{len(conversion.refused)} refused",
+        f"{len(conversion.inert)} inert, {len(conversion.refused)} refused",
         file=sys.stderr,
     )
     if conversion.problems:

@@ -397,31 +397,6 @@ def _unread_problems(cfg: TrainerConfig) -> list[str]:
             )
             if value
         ]
-    if cfg.actor.loss_scale_factor is not None and cfg.actor.loss_agg_mode != "seq-mean-token-sum-norm":
-        problems.append(
-            f"actor.loss_scale_factor={cfg.actor.loss_scale_factor}: read by loss_agg_mode="
-            f"seq-mean-token-sum-norm only, and actor.loss_agg_mode={cfg.actor.loss_agg_mode}. Remove it "
-            "or set actor.loss_agg_mode=seq-mean-token-sum-norm."
-        )
-    if cfg.algorithm.adv_estimator == "rloo":
-        changed = _changed(cfg.algorithm, AlgorithmConfig(), ("norm_adv_by_std", "adv_eps"), "algorithm")
-        if changed:
-            problems.append(
-                f"{', '.join(changed)}: read by algorithm.adv_estimator=grpo only (RLOO's leave-one-out "
-                f"advantage has no std normalisation). Remove them or set algorithm.adv_estimator=grpo."
-            )
-    if cfg.data.val_batch_size is not None:
-        problems.append(
-            f"data.val_batch_size={cfg.data.val_batch_size}: grpo generates the whole validation set in "
-            f"one call per rank (verl deprecated this key too). Remove it."
-        )
-    if cfg.rollout.engine == "hf":
-        changed = _changed(cfg.rollout, RolloutConfig(), _VLLM_ONLY, "rollout")
-        if changed:
-            problems.append(
-                f"{', '.join(changed)}: read by the vLLM rollout engine only, and rollout.engine=hf "
-                f"(transformers' generate on the policy's own model). Remove them or set rollout.engine=vllm."
-            )
     return problems
 
 
@@ -429,65 +404,18 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
     """Settings of one algorithm set while that algorithm is off (accepted and ignored otherwise),
     and combinations with no defined meaning."""
     algorithm, problems = cfg.algorithm, []
-    if not algorithm.use_kl_in_reward:
-        changed = _changed(algorithm, AlgorithmConfig(), ("kl_penalty",), "algorithm")
-        changed += _changed(
-            algorithm.kl_ctrl, KLControlConfig(), [f.name for f in dataclasses.fields(KLControlConfig)], "algorithm.kl_ctrl"
-        )
-        if changed:
-            problems.append(
-                f"{', '.join(changed)}: read with algorithm.use_kl_in_reward=true only. Remove them or "
-                "set algorithm.use_kl_in_reward=true."
-            )
-    elif algorithm.kl_ctrl.type == "fixed":
-        changed = _changed(
-            algorithm.kl_ctrl, KLControlConfig(), ("horizon", "target_kl"), "algorithm.kl_ctrl"
-        )
-        if changed:
-            problems.append(
-                f"{', '.join(changed)}: read by the adaptive KL controller only, and algorithm.kl_ctrl.type=fixed. "
-                "Remove them or set algorithm.kl_ctrl.type=adaptive."
-            )
     if algorithm.use_kl_in_reward and algorithm.kl_penalty.endswith("+"):
         problems.append(
             f"algorithm.kl_penalty={algorithm.kl_penalty}: a '+' estimator differs from its base only in the "
             f"gradient, and a reward has none. Use {algorithm.kl_penalty[:-1]}."
         )
     groups = algorithm.filter_groups
-    if not groups.enable:
-        changed = _changed(
-            groups, FilterGroupsConfig(), ("metric", "max_num_gen_batches"), "algorithm.filter_groups"
-        )
-        if cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size):
-            changed.append(f"data.gen_batch_size={cfg.data.gen_batch_size}")
-        if changed:
-            problems.append(
-                f"{', '.join(changed)}: read by dynamic sampling only (without it every generated prompt is "
-                "trained on). Remove them or set algorithm.filter_groups.enable=true."
-            )
-    elif groups.metric == "seq_final_reward" and algorithm.use_kl_in_reward:
+    if groups.enable and groups.metric == "seq_final_reward" and algorithm.use_kl_in_reward:
         problems.append(
             "algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: groups are "
             "filtered before the log-prob passes that the KL penalty needs. Filter on seq_reward or acc."
         )
     correction = algorithm.rollout_correction
-    if correction.rollout_is is None:
-        changed = _changed(
-            correction,
-            RolloutCorrectionConfig(),
-            ("rollout_is_threshold", "rollout_is_batch_normalize"),
-            "algorithm.rollout_correction",
-        )
-        if changed:
-            problems.append(
-                f"{', '.join(changed)}: read with algorithm.rollout_correction.rollout_is=token|sequence only. "
-                "Remove them or set rollout_is."
-            )
-    if correction.rollout_rs is None and correction.rollout_rs_threshold is not None:
-        problems.append(
-            f"algorithm.rollout_correction.rollout_rs_threshold={correction.rollout_rs_threshold!r}: read with "
-            "algorithm.rollout_correction.rollout_rs only. Remove it or set rollout_rs."
-        )
     if correction.bypass_mode and (correction.rollout_is is not None or correction.rollout_rs is not None):
         problems.append(
             "algorithm.rollout_correction.bypass_mode=true with rollout_is / rollout_rs is not implemented: grpo's "
@@ -515,15 +443,7 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
         except ValueError as exc:
             problems.append(f"algorithm.rollout_correction: {exc}.")
     buffer = cfg.reward.overlong_buffer
-    if not buffer.enable:
-        changed = _changed(
-            buffer, OverlongBufferConfig(), ("len", "penalty_factor", "log"), "reward.overlong_buffer"
-        )
-        if changed:
-            problems.append(
-                f"{', '.join(changed)}: read with reward.overlong_buffer.enable=true only. Remove them or enable it."
-            )
-    elif not 1 <= buffer.len <= (cfg.rollout.max_tokens or cfg.data.max_response_length):
+    if buffer.enable and not 1 <= buffer.len <= (cfg.rollout.max_tokens or cfg.data.max_response_length):
         budget = cfg.rollout.max_tokens or cfg.data.max_response_length
         problems.append(
             f"reward.overlong_buffer.len={buffer.len} must be between 1 and the response budget {budget} "
@@ -688,6 +608,80 @@ def _replica_problems(cfg: TrainerConfig) -> list[str]:
             f"on the node's links); choose a divisor of {per_node}."
         ]
     return []
+
+
+def inert_settings(cfg: TrainerConfig) -> list[tuple[list[str], str]]:
+    """Settings that do nothing in this config because their switch is off, as in verl (`key=value`
+    texts, the reason). Not errors: verl's own scripts carry them (`kl_ctrl.kl_coef` beside
+    `use_kl_in_reward=False`); the launch lists them once as ignored, from-verl as comments."""
+    algorithm, out = cfg.algorithm, []
+
+    def add(changed: list[str], reason: str) -> None:
+        if changed:
+            out.append((changed, reason))
+
+    if not algorithm.use_kl_in_reward:
+        changed = _changed(algorithm, AlgorithmConfig(), ("kl_penalty",), "algorithm")
+        changed += _changed(
+            algorithm.kl_ctrl, KLControlConfig(), [f.name for f in dataclasses.fields(KLControlConfig)], "algorithm.kl_ctrl"
+        )
+        add(changed, "read with algorithm.use_kl_in_reward=true only, and it is false")
+    elif algorithm.kl_ctrl.type == "fixed":
+        add(
+            _changed(algorithm.kl_ctrl, KLControlConfig(), ("horizon", "target_kl"), "algorithm.kl_ctrl"),
+            "read by the adaptive KL controller only, and algorithm.kl_ctrl.type=fixed",
+        )
+    groups = algorithm.filter_groups
+    if not groups.enable:
+        changed = _changed(groups, FilterGroupsConfig(), ("metric", "max_num_gen_batches"), "algorithm.filter_groups")
+        if cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size):
+            changed.append(f"data.gen_batch_size={cfg.data.gen_batch_size}")
+        add(changed, "read by dynamic sampling only, and algorithm.filter_groups.enable=false (every generated "
+            "prompt is trained on)")
+    correction = algorithm.rollout_correction
+    if correction.rollout_is is None:
+        add(
+            _changed(
+                correction,
+                RolloutCorrectionConfig(),
+                ("rollout_is_threshold", "rollout_is_batch_normalize"),
+                "algorithm.rollout_correction",
+            ),
+            "read with algorithm.rollout_correction.rollout_is=token|sequence only, and it is null",
+        )
+    if correction.rollout_rs is None and correction.rollout_rs_threshold is not None:
+        add(
+            [f"algorithm.rollout_correction.rollout_rs_threshold={correction.rollout_rs_threshold!r}"],
+            "read with algorithm.rollout_correction.rollout_rs only, and it is null",
+        )
+    buffer = cfg.reward.overlong_buffer
+    if not buffer.enable:
+        add(
+            _changed(buffer, OverlongBufferConfig(), ("len", "penalty_factor", "log"), "reward.overlong_buffer"),
+            "read with reward.overlong_buffer.enable=true only, and it is false",
+        )
+    if cfg.actor.loss_scale_factor is not None and cfg.actor.loss_agg_mode != "seq-mean-token-sum-norm":
+        add(
+            [f"actor.loss_scale_factor={cfg.actor.loss_scale_factor}"],
+            f"read by loss_agg_mode=seq-mean-token-sum-norm only, and actor.loss_agg_mode={cfg.actor.loss_agg_mode}",
+        )
+    if algorithm.adv_estimator == "rloo":
+        add(
+            _changed(algorithm, AlgorithmConfig(), ("norm_adv_by_std", "adv_eps"), "algorithm"),
+            "read by algorithm.adv_estimator=grpo only (RLOO's leave-one-out advantage has no std normalisation)",
+        )
+    if cfg.data.val_batch_size is not None:
+        add(
+            [f"data.val_batch_size={cfg.data.val_batch_size}"],
+            "grpo generates the whole validation set in one call per rank (verl deprecated this key too)",
+        )
+    if cfg.rollout.engine == "hf":
+        add(
+            _changed(cfg.rollout, RolloutConfig(), _VLLM_ONLY, "rollout"),
+            "read by the vLLM rollout engine only, and rollout.engine=hf (transformers' generate on the policy's "
+            "own model)",
+        )
+    return out
 
 
 def _no_signal_problems(cfg: TrainerConfig) -> list[str]:

@@ -35,6 +35,7 @@ import structlog
 import torch
 from tqdm.auto import tqdm
 
+import grpo_config
 from grpo_config.replicas import RolloutReplicas
 from grpo_config.schema import TrainerConfig
 from grpo_device import DeviceKind
@@ -691,6 +692,9 @@ def _train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None) -> Tra
 
     wall_start = time.perf_counter()
     check_model_path(cfg.actor.model_path)
+    ignored = grpo_config.inert_settings(cfg)
+    if ignored:
+        log.warning("config.ignored", settings={", ".join(keys): why for keys, why in ignored})
     # Before anything heavy: a checkpoint of the other backend, or without Megatron state, is refused.
     resume_from = CheckpointManager(cfg.checkpoint.dir).resolve_resume(cfg.checkpoint.resume)
     check_resume_layout(cfg, resume_from)

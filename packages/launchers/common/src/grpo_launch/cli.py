@@ -22,6 +22,7 @@ from pathlib import Path
 
 import structlog
 
+import grpo_config
 from grpo_config import ConfigError
 from grpo_launch.config_file import ConfigFile, read_config_file
 from grpo_launch.dry_run import render_dry_run
@@ -144,6 +145,9 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
                     log.warning("a real launch would stop here", problem=problem)
                 for warning in preflight_warnings(plan):
                     log.warning("check the model", warning=warning)
+                ignored = grpo_config.inert_settings(plan.config)
+                if ignored:  # train() logs the same once at the start of a real run
+                    log.warning("config.ignored", settings={", ".join(keys): why for keys, why in ignored})
                 return 0
             if run_log is None:
                 run_log = _hold_output_dir(held, plan.output_dir, argv, level=level)
