@@ -187,3 +187,17 @@ def test_the_launcher_refuses_a_verl_script_with_settings_it_cannot_honour(tmp_p
     assert done.returncode == 2
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert "10 of its settings cannot be honoured here" in line and f"hatch run from-verl {script}" in line
+
+
+def test_inert_lines_become_comments_not_settings() -> None:
+    conversion = convert(
+        ["algorithm.use_kl_in_reward=False", "algorithm.kl_ctrl.kl_coef=0.0", "algorithm.filter_groups.max_num_gen_batches=10"]
+    )
+    assert [line for line, _ in conversion.inert] == [
+        "algorithm.kl_ctrl.kl_coef=0.0",
+        "algorithm.filter_groups.max_num_gen_batches=10",
+    ]
+    assert conversion.refused == []
+    text = conversion.to_yaml()
+    assert "#   algorithm.kl_ctrl.kl_coef=0.0  (read with algorithm.use_kl_in_reward=true only" in text
+    assert yaml.safe_load(text) == {"algorithm": {"use_kl_in_reward": False}}

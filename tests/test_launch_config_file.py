@@ -141,3 +141,12 @@ def test_the_tiny_preset_takes_a_file_too(tmp_path, capsys) -> None:
     cfg = yaml.safe_load(captured.out)["config"]
     assert cfg["total_training_steps"] == 3 and cfg["actor"]["lr"] == 1e-5
     assert os.path.isdir(tmp_path / "out")
+
+
+def test_a_setting_whose_switch_is_off_is_reported_as_ignored_not_refused(capsys) -> None:
+    code = main_35b(["--dry-run", "--device", "gpu", "--", "algorithm.kl_ctrl.kl_coef=0.01"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    ignored = [line for line in captured.err.splitlines() if "config.ignored" in line]
+    assert len(ignored) == 1 and "algorithm.kl_ctrl.kl_coef=0.01" in ignored[0]
+    assert "use_kl_in_reward=true only" in ignored[0]
