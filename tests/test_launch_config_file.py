@@ -150,3 +150,20 @@ def test_a_setting_whose_switch_is_off_is_reported_as_ignored_not_refused(capsys
     ignored = [line for line in captured.err.splitlines() if "config.ignored" in line]
     assert len(ignored) == 1 and "algorithm.kl_ctrl.kl_coef=0.01" in ignored[0]
     assert "use_kl_in_reward=true only" in ignored[0]
+
+
+def test_a_logger_left_on_the_run_log_after_the_launch_still_writes(tmp_path, capsys) -> None:
+    """The run log copies stderr during the launch; a log line after it (Ray's atexit) reaches the
+    terminal, not a closed file."""
+    from grpo_launch.run_log import RunLog
+
+    run_log = RunLog(tmp_path)
+    run_log.start(["x"])
+    import sys
+
+    tee = sys.stderr
+    print("during", file=sys.stderr)
+    run_log.stop()
+    tee.write("after\n")
+    assert "during" in (tmp_path / "run.log").read_text() and "after" not in (tmp_path / "run.log").read_text()
+    assert "after" in capsys.readouterr().err

@@ -22,13 +22,15 @@ class _Tee:
         self._file = file
 
     def write(self, text: str) -> int:
-        self._file.write(text)
-        self._file.flush()
+        if not self._file.closed:  # a logger bound to this stream may outlive the launch (atexit)
+            self._file.write(text)
+            self._file.flush()
         return self._stream.write(text)
 
     def flush(self) -> None:
         self._stream.flush()
-        self._file.flush()
+        if not self._file.closed:
+            self._file.flush()
 
     def isatty(self) -> bool:
         return self._stream.isatty()
