@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import yaml
 
 import grpo_device
 from grpo_config.from_verl import convert
+from grpo_launch.run_log import RunLog
 from grpo_launch_qwen35_35b import PROFILE
 from grpo_launch_qwen35_35b import main as main_35b
 
@@ -155,12 +157,8 @@ def test_a_setting_whose_switch_is_off_is_reported_as_ignored_not_refused(capsys
 def test_a_logger_left_on_the_run_log_after_the_launch_still_writes(tmp_path, capsys) -> None:
     """The run log copies stderr during the launch; a log line after it (Ray's atexit) reaches the
     terminal, not a closed file."""
-    from grpo_launch.run_log import RunLog
-
     run_log = RunLog(tmp_path)
     run_log.start(["x"])
-    import sys
-
     tee = sys.stderr
     print("during", file=sys.stderr)
     run_log.stop()
