@@ -274,3 +274,22 @@ def test_a_full_disk_is_said_with_the_path_and_leaves_no_partial_checkpoint(smal
     assert "No complete checkpoint" in line
     assert not list((out / "checkpoints").glob("global_step_*"))  # the partial save was removed
     assert shutil.disk_usage(small_disk).free > 4 * 2**20
+
+
+def test_ray_ends_with_a_driver_killed_by_sigkill(tmp_path: Path) -> None:
+    """The driver's own Ray cluster (GCS, raylet, agents, workers) is gone within seconds of a
+    `kill -9` of the driver alone (it used to linger ~60 s): ray_reaper.py."""
+    out = tmp_path / "run"
+    proc = _start(out, "total_training_steps=30", "checkpoint.save_freq=1")
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoints/global_step_1/manifest.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    ray_processes = [p for p in psutil.Process(proc.pid).children(recursive=True) if "ray" in " ".join(p.cmdline())]
+    assert len(ray_processes) >= 3  # GCS, raylet, workers, agents
+    proc.kill()
+    proc.wait()
+    killed = time.monotonic()
+    gone, alive = psutil.wait_procs(ray_processes, timeout=20)
+    assert not alive, [" ".join(p.cmdline())[:80] for p in alive]
+    print(f"\nRay's {len(gone)} processes gone {time.monotonic() - killed:.1f} s after the driver's kill -9")

@@ -65,7 +65,7 @@ from grpo_trainer.rollout_step import (
 from grpo_trainer.rollout_workers import PendingGeneration, RolloutWorkers
 from grpo_trainer.vision import VisionInputs, pixel_inputs
 from grpo_trainer.worker import HF_EXPORT_DIR
-from grpo_trainer.worker_group import ensure_ray
+from grpo_trainer.worker_group import ensure_ray, shutdown_ray
 
 log = structlog.get_logger()
 
@@ -624,9 +624,7 @@ class _Run:
         if self.workers is not None:
             self.workers.close()
         if started_ray:
-            import ray
-
-            ray.shutdown()
+            shutdown_ray()
 
 
 def run_dir(cfg: TrainerConfig) -> Path:

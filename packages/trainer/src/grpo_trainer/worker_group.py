@@ -34,6 +34,8 @@ from typing import Any
 
 import structlog
 
+from grpo_trainer.ray_reaper import start_reaper
+
 log = structlog.get_logger()
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -48,6 +50,9 @@ _STACK_FILE_PREFIX = "grpo-worker-stack-"
 # In a worker process: the open file faulthandler writes to (kept open) and its path.
 _stack_file: Any = None
 _stack_path: str | None = None
+
+
+_reaper: Any = None  # the watcher of a local cluster's processes (ray_reaper.py)
 
 
 class WorkerError(RuntimeError):
@@ -93,9 +98,23 @@ def ensure_ray(*, num_cpus: int | None, runtime_env: dict[str, Any] | None = Non
         log.info("ray.join", address=address)
         ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
     else:
+        global _reaper
         log.info("ray.start_local", num_cpus=num_cpus)
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+        _reaper = start_reaper()  # ends the cluster's processes if this driver is killed
     return True
+
+
+def shutdown_ray() -> None:
+    """Shut down the Ray cluster `ensure_ray` started (and its reaper: nothing is left to end)."""
+    import ray
+
+    global _reaper
+    ray.shutdown()
+    if _reaper is not None:
+        _reaper.kill()
+        _reaper.wait()
+        _reaper = None
 
 
 class WorkerGroup:
