@@ -74,12 +74,20 @@ def test_sampling_parameters_of_training_and_validation(preset) -> None:
         "rollout.top_p=0.9",
         "rollout.top_k=5",
         "rollout.max_tokens=6",
+        "rollout.val_do_sample=true",
         "rollout.val_n=2",
         "rollout.val_temperature=0.3",
+        "rollout.val_top_p=0.8",
+        "rollout.val_top_k=3",
     )
     train, val = run.sampling_params(validation=False), run.sampling_params(validation=True)
     assert (train.n, train.temperature, train.top_p, train.top_k, train.max_tokens) == (4, 0.7, 0.9, 5, 6)
-    assert (val.n, val.temperature, val.top_p, val.top_k, val.max_tokens) == (2, 0.3, 0.9, 5, 6)
+    assert (val.n, val.temperature, val.top_p, val.top_k, val.max_tokens) == (2, 0.3, 0.8, 3, 6)
+    # verl's val_kwargs.do_sample=False (the default): greedy, one response, whatever the val_* say.
+    greedy = _run(preset, "rollout.top_p=0.9", "rollout.val_n=2", "rollout.val_temperature=0.3").sampling_params(
+        validation=True
+    )
+    assert (greedy.n, greedy.temperature, greedy.top_p, greedy.top_k) == (1, 0.0, 1.0, -1)
     assert _run(preset).sampling_params(validation=False).max_tokens == preset["data"]["max_response_length"]
 
 

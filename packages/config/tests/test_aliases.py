@@ -104,6 +104,15 @@ def test_verl_style_nested_yaml_is_accepted() -> None:
     cfg = load(nested)
     assert (cfg.parallel.pp, cfg.parallel.vpp) == (2, 2)
     assert (cfg.rollout.val_n, cfg.rollout.val_temperature) == (4, 0.6)
+    sampled = load(
+        None,
+        [
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+            "actor_rollout_ref.rollout.val_kwargs.top_p=0.7",
+            "actor_rollout_ref.rollout.val_kwargs.top_k=20",
+        ],
+    )
+    assert (sampled.rollout.val_do_sample, sampled.rollout.val_top_p, sampled.rollout.val_top_k) == (True, 0.7, 20)
     assert cfg.checkpoint.strict is False and cfg.device.devices_per_node == 2
 
 

@@ -47,6 +47,7 @@ INERT = [
         "vLLM rollout engine only",
     ),
     (["rollout.engine=hf", "rollout.weight_sync_bucket_mb=64"], "rollout.weight_sync_bucket_mb=64", "vLLM"),
+    (["rollout.val_temperature=0.6"], "rollout.val_temperature=0.6", "val_do_sample=true only"),
 ]
 
 

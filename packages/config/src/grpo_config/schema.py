@@ -173,8 +173,12 @@ class RolloutConfig:
     max_num_batched_tokens: int = 8192
     free_cache_engine: bool = True
     weight_sync_bucket_mb: int = 512
+    # Validation sampling, as verl's val_kwargs: greedy, one response a prompt, unless val_do_sample.
+    val_do_sample: bool = False
     val_n: int = 1
     val_temperature: float = 0.0
+    val_top_p: float = 1.0
+    val_top_k: int = -1
     # Extra `vllm.LLM` keyword arguments (verl's engine_kwargs.vllm), checked against vLLM's EngineArgs.
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 

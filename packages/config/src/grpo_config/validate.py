@@ -168,6 +168,8 @@ _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("rollout.val_temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
     ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
     ("rollout.top_k", lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"),
+    ("rollout.val_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("rollout.val_top_k", lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"),
     ("rollout.max_tokens", lambda v: v is None or v >= 1, ">= 1 or null (data.max_response_length)"),
     ("rollout.gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1], e.g. 0.6"),
     ("rollout.max_model_len", lambda v: v is None or v >= 1, ">= 1 or null"),
@@ -675,6 +677,12 @@ def inert_settings(cfg: TrainerConfig) -> list[tuple[list[str], str]]:
             [f"data.val_batch_size={cfg.data.val_batch_size}"],
             "grpo generates the whole validation set in one call per rank (verl deprecated this key too)",
         )
+    if not cfg.rollout.val_do_sample:
+        add(
+            _changed(cfg.rollout, RolloutConfig(), ("val_n", "val_temperature", "val_top_p", "val_top_k"), "rollout"),
+            "read with rollout.val_do_sample=true only (verl's val_kwargs.do_sample); without it validation is "
+            "greedy, one response a prompt",
+        )
     if cfg.rollout.engine == "hf":
         add(
             _changed(cfg.rollout, RolloutConfig(), _VLLM_ONLY, "rollout"),
@@ -699,7 +707,7 @@ def _no_signal_problems(cfg: TrainerConfig) -> list[str]:
             f"rollout.temperature=0 samples greedily: the {cfg.rollout.n} responses to a prompt are the same, "
             f"so each group's rewards are equal, every advantage of algorithm.adv_estimator="
             f"{cfg.algorithm.adv_estimator} is 0 and nothing is learned. Set rollout.temperature > 0 (the "
-            "recipes use 1.0); rollout.val_temperature=0 keeps validation greedy."
+            "recipes use 1.0); validation stays greedy unless rollout.val_do_sample=true."
         )
     return problems
 

@@ -540,13 +540,15 @@ class _Run:
         )
 
     def sampling_params(self, *, validation: bool) -> SamplingParams:
+        """Training: rollout.n/temperature/top_p/top_k. Validation as verl's val_kwargs: greedy and one
+        response a prompt unless rollout.val_do_sample, then the val_* settings."""
         r = self.cfg.rollout
+        if not validation:
+            return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=self.max_tokens)
+        if not r.val_do_sample:
+            return SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=self.max_tokens)
         return SamplingParams(
-            n=r.val_n if validation else r.n,
-            temperature=r.val_temperature if validation else r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            max_tokens=self.max_tokens,
+            n=r.val_n, temperature=r.val_temperature, top_p=r.val_top_p, top_k=r.val_top_k, max_tokens=self.max_tokens
         )
 
     def decode(self, token_ids: list[list[int]]) -> list[str]:
