@@ -163,9 +163,14 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
 def verl_script_overrides(script: Path) -> list[str]:
     """The overrides of a verl script's trainer call that grpo honours; ValueError naming those it
     cannot (each with its reason in `hatch run from-verl SCRIPT`)."""
+    from structlog.testing import capture_logs
+
     from grpo_config.from_verl import convert, script_overrides
 
-    conversion = convert(script_overrides(script, env={}, timeout_s=60.0))
+    overrides = script_overrides(script, env={}, timeout_s=60.0)
+    # Each line is judged many times; its warnings (a deprecated key) come once from the plan's own load.
+    with capture_logs():
+        conversion = convert(overrides)
     if conversion.refused:
         keys = ", ".join(line for line, _ in conversion.refused)
         raise ValueError(
