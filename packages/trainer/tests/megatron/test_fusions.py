@@ -213,6 +213,38 @@ def test_rope_fusion_on_the_local_layers_is_megatron_cores_rotary_function(monke
     assert torch.equal(fused, unfused) and not torch.equal(fused, t)
 
 
+def test_multimodal_rope_per_row_angles_run_in_the_fused_slot_without_a_warning(monkeypatch) -> None:
+    """Qwen3.5's mRoPE gives each row of a micro-batch its own angles. With grpo's rotary in the
+    fused slot they go through it at any batch size (megatron-core's mRoPE fallback, whose warning
+    says it will become an error, is not reached); with TransformerEngine's kernel there (one angle
+    row per position) fusion is turned off for the model instead."""
+    import warnings
+
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from grpo_trainer.backends.megatron.fusions import install_compiled_rope, rope_for_per_row_angles
+
+    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", None)
+    assert install_compiled_rope() is True
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, apply_rope_fusion=True)
+    assert rope_for_per_row_angles(config) == "grpo's compiled rotary function, per-row angles"
+    assert config.apply_rope_fusion is True and config.mrope_section is None
+    t = torch.randn(7, 2, 4, 16)
+    per_row = torch.randn(7, 2, 1, 8)  # each row its own angles
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fused = rope_utils.apply_rotary_pos_emb(t, per_row, config=config, cp_group=_NoCP())
+    assert torch.equal(fused, rope_utils._apply_rotary_pos_emb_bshd(t, per_row))
+    assert not torch.equal(fused[:, 1], rope_utils._apply_rotary_pos_emb_bshd(t, per_row[:, :1])[:, 1])
+
+    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda t, freqs, interleaved=False: t)  # TE's
+    te_config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, apply_rope_fusion=True)
+    assert "unfused" in rope_for_per_row_angles(te_config)
+    assert te_config.apply_rope_fusion is False
+    assert rope_for_per_row_angles(te_config) is None  # off: nothing to do
+
+
 class _NoCP:
     def size(self) -> int:
         return 1

@@ -110,8 +110,25 @@ def install_compiled_rope() -> bool:
     def fused_apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
         return compiled(t, freqs, interleaved)
 
+    fused_apply_rotary_pos_emb.takes_per_row_angles = True  # type: ignore[attr-defined]
     rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
     return True
+
+
+def rope_for_per_row_angles(config: Any) -> str | None:
+    """Multimodal RoPE gives each row of a micro-batch its own angles ([s, b, 1, d]). grpo's compiled
+    rotary in megatron-core's fused slot (`install_compiled_rope`) takes them as they are, at any
+    batch size. TransformerEngine's fused kernel takes one angle row per position, and megatron-core
+    falls back from it with a warning that says it will become an error: fusion is turned off for the
+    model instead. Returns what runs, for the log (None: fusion was off)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    if not config.apply_rope_fusion:
+        return None
+    if getattr(rope_utils.fused_apply_rotary_pos_emb, "takes_per_row_angles", False):
+        return "grpo's compiled rotary function, per-row angles"
+    config.apply_rope_fusion = False
+    return "megatron-core's unfused rotary function: TransformerEngine's fused RoPE takes one angle row per position"
 
 
 def _sum_copies(rows: torch.Tensor, rows_of_token: torch.Tensor) -> torch.Tensor:

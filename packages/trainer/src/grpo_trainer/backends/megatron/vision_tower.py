@@ -26,6 +26,7 @@ import structlog
 import torch
 
 from grpo_ckpt.vision_language import VISION_PREFIX
+from grpo_trainer.backends.megatron.fusions import rope_for_per_row_angles
 from grpo_trainer.backends.megatron.mrope import InterleavedMRope, mrope_positions
 
 log = structlog.get_logger()
@@ -83,14 +84,17 @@ def attach_hook(model_path: str, vl: VisionLanguage, *, trainable: bool) -> Any:
     def attach(chunks: list[torch.nn.Module]) -> list[torch.nn.Module]:
         from transformers import AutoConfig, AutoModel
 
+        logged_rope = False
         for chunk in chunks:
             gpt = _language_model(chunk)
             gpt.position_embedding_type = "mrope"
             gpt.mrope_section = list(vl.mrope_section)
-            # Read by megatron-core's rotary application: with apply_rope_fusion (TransformerEngine's
-            # fused RoPE, which takes one angle row per position) it then applies per-row angles
-            # unfused when a micro-batch has more than one row.
-            gpt.config.mrope_section = list(vl.mrope_section)
+            # Not gpt.config.mrope_section: megatron-core reads it only to leave its fused slot for the
+            # unfused path, with a warning, when a micro-batch has more than one row.
+            rope = rope_for_per_row_angles(gpt.config)
+            if rope is not None and not logged_rope:
+                log.info("megatron.mrope_rotary", runs=rope)
+                logged_rope = True
             gpt.rotary_pos_emb = InterleavedMRope(gpt.rotary_pos_emb.inv_freq, vl.mrope_section)
             if not gpt.pre_process:
                 continue
