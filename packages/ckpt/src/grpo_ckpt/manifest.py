@@ -161,16 +161,13 @@ def verify(step_dir: Path, *, threads: int = 4, only: Iterable[str] | None = Non
 
 def _older(step_dir: Path) -> str:
     """`" (e.g. <path>)"` naming the newest complete checkpoint before `step_dir`, or ``."""
-    match = re.match(r"^global_step_(\d+)$", step_dir.name)
-    if match is None or not step_dir.parent.is_dir():
+    from grpo_ckpt.manager import CheckpointManager  # manager imports this module
+
+    steps = CheckpointManager(step_dir.parent).step_dirs()  # newest first
+    step = next((number for number, path in steps if path == step_dir), None)
+    if step is None:
         return ""
-    step = int(match.group(1))
-    older = sorted(
-        (int(m.group(1)), p)
-        for p in step_dir.parent.iterdir()
-        if (m := re.match(r"^global_step_(\d+)$", p.name)) and int(m.group(1)) < step
-    )
-    for _, path in reversed(older):
-        if check_complete(path) is None:
+    for number, path in steps:
+        if number < step and check_complete(path) is None:
             return f" (e.g. checkpoint.resume={path})"
     return ""
