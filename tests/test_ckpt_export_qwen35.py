@@ -164,10 +164,13 @@ def test_a_vision_language_checkpoint_builds_with_its_vision_tower_and_exports_i
     bridge, model = _megatron_on_cpu(vl_dir, tmp_path / "pg")
     tower = model[0].module.vision_tower
     assert all(p.requires_grad for p in tower.parameters())
-    # megatron-core applies the per-row (3-D) angles unfused under apply_rope_fusion only when the
-    # config names an mrope_section: TransformerEngine's fused RoPE takes one row per position.
+    # The model carries the checkpoint's mRoPE section; the config does not name it (megatron-core
+    # reads config.mrope_section only to fall back from its fused slot with a warning), and a fused
+    # rotary that cannot take per-row angles is turned off instead (`rope_for_per_row_angles`).
     rope = json.loads((vl_dir / "config.json").read_text())["text_config"].get("rope_parameters") or {}
-    assert model[0].module.config.mrope_section == list(rope.get("mrope_section", [11, 11, 10]))
+    gpt = model[0].module
+    assert gpt.mrope_section == list(rope.get("mrope_section", [11, 11, 10]))
+    assert gpt.position_embedding_type == "mrope" and gpt.config.mrope_section is None
     exported = dict(bridge.export_hf_weights(model, cpu=True, show_progress=False))
     original = {}
     for file in vl_dir.glob("*.safetensors"):
