@@ -149,6 +149,20 @@ def test_the_filter_metric_sees_the_overlong_penalty_or_not(make_run, metric, ke
     assert sampled.scores.tolist() == [1.0] * 8
 
 
+def test_the_overlong_penalty_counts_from_max_response_length_when_given(make_run) -> None:
+    """reward.overlong_buffer.max_response_length (verl's DAPO reward manager's max_resp_len): the
+    penalty ramps over the `len` tokens before it instead of before the response budget; past it
+    the penalty keeps growing, as verl's."""
+    shaped = ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2", "reward.overlong_buffer.penalty_factor=1.0"]
+    lengths = [2, 8, 3, 7, 1, 6, 4, 5]
+    for limit, expected_at in ((None, 8), (6, 6)):
+        run = make_run(*SMALL, *shaped, *([f"reward.overlong_buffer.max_response_length={limit}"] if limit else []))
+        _script(run, [[0.0] * 8], lengths=[lengths])
+        sampled = run.sample(_prompts(run), PhaseTimer())
+        expected = [-max(length - (expected_at - 2), 0) / 2 for length in lengths]
+        assert sampled.rewards.tolist() == pytest.approx(expected)
+
+
 def test_overlong_shaping_logs_only_when_asked(make_run) -> None:
     shaped = ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2", "reward.overlong_buffer.penalty_factor=0.5"]
     for log, names in ((False, set()), (True, {"reward/overlong_penalty_mean", "reward/overlong_fraction"})):

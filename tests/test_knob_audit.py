@@ -142,6 +142,10 @@ READ: dict[str, tuple[str, ...]] = {
     "actor.loss_agg_mode": (LOSS, f"{TORCH}::test_one_update_equals_an_independent_reference_loop"),
     "actor.loss_scale_factor": (LOSS, "packages/config/tests/test_validate.py::test_loss_scale_factor_is_positive_and_only_with_the_mode_that_reads_it"),
     "actor.entropy_coeff": (LOSS,),
+    "actor.entropy_from_logits_with_chunking": (
+        f"{TORCH}::test_entropy_from_logits_with_chunking_gives_the_same_entropy_a_chunk_at_a_time",
+        "packages/config/tests/test_inert.py::test_a_setting_whose_switch_is_off_loads_and_is_named_inert",
+    ),
     "actor.use_kl_loss": (LOSS, f"{TORCH}::test_without_kl_no_reference_is_built_or_needed"),
     "actor.kl_loss_coef": (LOSS, f"{TORCH}::test_kl_to_the_frozen_reference_grows_as_the_policy_moves"),
     "actor.kl_loss_type": (LOSS,),
@@ -280,6 +284,9 @@ READ: dict[str, tuple[str, ...]] = {
     "reward.overlong_buffer.len": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
     "reward.overlong_buffer.penalty_factor": (f"{ALGO}::test_the_filter_metric_sees_the_overlong_penalty_or_not",),
     "reward.overlong_buffer.log": (f"{ALGO}::test_overlong_shaping_logs_only_when_asked",),
+    "reward.overlong_buffer.max_response_length": (
+        f"{ALGO}::test_the_overlong_penalty_counts_from_max_response_length_when_given",
+    ),
     "device.memory_gib": (
         "tests/test_memory_plan.py::test_an_oversized_launch_is_refused_before_it_starts_with_the_numbers",
         "tests/test_memory_plan.py::test_the_dry_run_prints_the_plan_and_warns_when_it_cannot_fit",
@@ -329,6 +336,11 @@ READ: dict[str, tuple[str, ...]] = {
     "logging.plot": (
         f"{TRAINER}/runtime/test_metrics.py::test_jsonl_tensorboard_console_and_plot",
         TINY_TRAIN,
+    ),
+    "logging.wandb": ("tests/test_tiny_train.py::test_wandb_and_validation_samples_carry_the_run",),
+    "logging.val_generations": (
+        "tests/test_tiny_train.py::test_wandb_and_validation_samples_carry_the_run",
+        f"{TRAINER}/runtime/test_metrics.py::test_validation_samples_are_picked_as_verl_picks_them",
     ),
     "logging.level": ("tests/test_launch_tiny.py::test_logging_level_reaches_the_driver_and_every_worker",),
     "timeouts.setup_s": (

@@ -50,8 +50,14 @@ def _run(workdir: Path, overrides: list[str]) -> TrainResult:
 
 @pytest.fixture(scope="module")
 def run_a(ray_cluster, tmp_path_factory) -> tuple[Path, TrainResult]:
+    """With Weights & Biases in offline mode (its files in the run folder, no network) and two
+    validation samples logged per validation."""
     workdir = tmp_path_factory.mktemp("run_a")
-    return workdir, _run(workdir, [*OVERRIDES, "val_before_train=true"])
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WANDB_MODE", "offline")
+        env.setenv("WANDB_SILENT", "true")
+        extra = ["val_before_train=true", "logging.wandb=true", "logging.val_generations=2"]
+        return workdir, _run(workdir, [*OVERRIDES, *extra])
 
 
 def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
@@ -94,6 +100,61 @@ def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
     assert result.metrics_path == workdir / "runs" / "grpo" / "tiny" / "metrics.jsonl"
     assert result.plot_path == workdir / "runs" / "grpo" / "tiny" / "metrics.png"
     assert list((workdir / "runs" / "tensorboard" / "grpo" / "tiny").glob("events.out.tfevents.*"))
+
+
+def _wandb_records(run_folder: Path) -> tuple[dict[str, str], dict[int, dict[str, str]]]:
+    """The offline run's config and its history (step -> key -> JSON text), read back with wandb's
+    own record reader."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    (path,) = run_folder.glob("wandb/offline-run-*/run-*.wandb")
+    store = datastore.DataStore()
+    store.open_for_scan(str(path))
+    config, history = {}, {}
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            config = {item.key: item.value_json for item in record.run.config.update}
+        elif kind == "history":
+            items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+            history.setdefault(int(items["_step"]), {}).update(items)
+    return config, history
+
+
+def test_wandb_and_validation_samples_carry_the_run(run_a) -> None:
+    """logging.wandb (verl's trainer.logger 'wandb'): a run named by project / experiment, with the
+    resolved config and every step's metrics as metrics.jsonl has them; logging.val_generations=2
+    (verl's log_val_generations): two (prompt, response, score) samples per validation in
+    val_generations.jsonl, TensorBoard and the wandb table val/generations."""
+    workdir, result = run_a
+    run_folder = workdir / "runs" / "grpo" / "tiny"
+    config, history = _wandb_records(run_folder)
+    assert json.loads(config["project_name"]) == "grpo" and json.loads(config["experiment_name"]) == "tiny"
+    assert json.loads(config["logging"])["val_generations"] == 2
+    records = read_metrics(result.metrics_path)
+    assert sorted(history) == list(records)
+    for step, row in records.items():
+        assert json.loads(history[step]["reward/mean" if step else "val/reward_mean"]) == pytest.approx(
+            row["reward/mean" if step else "val/reward_mean"]
+        )
+    assert {s for s, items in history.items() if "val/generations/_type" in items} == {0, 3, 6}
+    assert json.loads(history[6]["val/generations/nrows"]) == 3  # one row per validation, verl's table
+    lines = [json.loads(line) for line in (run_folder / "val_generations.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 3, 6]
+    for line in lines:
+        assert len(line["samples"]) == 2
+        for sample in line["samples"]:
+            assert sample["input"] and 0.0 <= sample["score"] <= 1.0 and isinstance(sample["output"], str)
+    # The same prompts each time (sorted, shuffled with verl's fixed seed), the responses of that step.
+    assert len({tuple(s["input"] for s in line["samples"]) for line in lines}) == 1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(workdir / "runs" / "tensorboard" / "grpo" / "tiny"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert [e.step for e in events.Tensors("val/generations/text_summary")] == [0, 3, 6]
 
 
 def test_every_save_exports_the_trained_policy_as_hf_weights(run_a) -> None:

@@ -212,3 +212,54 @@ def test_verl_resume_mode_and_engine_switches_map() -> None:
         ],
     )
     assert engine.rollout.engine_kwargs == {"enable_chunked_prefill": True, "enable_prefix_caching": False}
+
+
+def test_verl_logging_and_reward_manager_keys_map() -> None:
+    cfg = load(
+        None,
+        [
+            'trainer.logger=["console","wandb"]',
+            "trainer.log_val_generations=10",
+            "reward_model.reward_manager=dapo",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=64",
+            "+reward_model.reward_kwargs.max_resp_len=256",
+            "++actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+        ],
+    )
+    assert (cfg.logging.console, cfg.logging.tensorboard, cfg.logging.wandb) == (True, False, True)
+    assert cfg.logging.val_generations == 10
+    assert cfg.reward.overlong_buffer.max_response_length == 256 and cfg.reward.overlong_buffer.len == 64
+    assert cfg.actor.entropy_from_logits_with_chunking is True
+    with pytest.raises(ConfigError, match="'mlflow', which grpo does not log to"):
+        load(None, ["trainer.logger=[console,mlflow]"])
+
+
+@pytest.mark.parametrize(
+    ("override", "refused_because"),
+    [
+        ("reward_model.reward_manager=prime", "only 'naive' or 'dapo' is accepted"),
+        ("actor_rollout_ref.actor.fsdp_config.param_offload=True", "offloading is the Megatron backend's"),
+        ("actor_rollout_ref.ref.use_torch_compile=True", "does not torch.compile"),
+        ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "constant after actor.lr_warmup_steps"),
+        ("actor_rollout_ref.model.use_fused_kernels=True", "without its fused kernels"),
+        ("actor_rollout_ref.rollout.mode=agent", "only 'sync' or 'async' is accepted"),
+    ],
+)
+def test_verl_keys_that_restate_grpo_are_dropped_and_others_refused(override: str, refused_because: str) -> None:
+    """A verl key with no grpo setting loads when its value restates what grpo does (it sets
+    nothing, and is logged as ignored with the reason); any other value is refused with it."""
+    key, _, _ = override.partition("=")
+    accepted = {
+        "reward_model.reward_manager": "naive",
+        "actor_rollout_ref.actor.fsdp_config.param_offload": "False",
+        "actor_rollout_ref.ref.use_torch_compile": "False",
+        "actor_rollout_ref.actor.optim.lr_decay_style": "constant",
+        "actor_rollout_ref.model.use_fused_kernels": "False",
+        "actor_rollout_ref.rollout.mode": "async",
+    }[key]
+    with capture_logs() as logs:
+        assert load(None, [f"{key}={accepted}"]) == load(None, [])
+    assert [entry["key"] for entry in logs if entry["event"] == "config.verl_key_ignored"] == [key]
+    with pytest.raises(ConfigError, match=refused_because):
+        load(None, [override])

@@ -142,8 +142,8 @@ CANNOT_HONOUR = [
         "reward.overlong_buffer.len=4096 must be between 1 and the response budget 512",
     ),
     (
-        ["actor.policy_loss.loss_mode=cispo", "actor.clip_ratio_c=10"],
-        "actor.clip_ratio_c=10.0: the dual clip belongs to the vanilla PPO loss",
+        ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=64", "reward.overlong_buffer.max_response_length=32"],
+        "reward.overlong_buffer.len=64 must be between 1 and reward.overlong_buffer.max_response_length=32",
     ),
     (["actor.clip_ratio_low=10"], "actor.clip_ratio_low=10.0 makes the ratio's lower clip bound"),
     (

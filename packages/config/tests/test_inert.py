@@ -48,6 +48,22 @@ INERT = [
     ),
     (["rollout.engine=hf", "rollout.weight_sync_bucket_mb=64"], "rollout.weight_sync_bucket_mb=64", "vLLM"),
     (["rollout.val_temperature=0.6"], "rollout.val_temperature=0.6", "val_do_sample=true only"),
+    (
+        ["actor.policy_loss.loss_mode=cispo", "actor.clip_ratio_c=10"],
+        "actor.clip_ratio_c=10.0",
+        "vanilla PPO loss's dual clip only, and actor.policy_loss.loss_mode=cispo",
+    ),
+    (
+        ["reward.overlong_buffer.max_response_length=256"],
+        "reward.overlong_buffer.max_response_length=256",
+        "overlong_buffer.enable=true only",
+    ),
+    (
+        ["actor.backend=megatron", "actor.entropy_from_logits_with_chunking=true"],
+        "actor.entropy_from_logits_with_chunking=True",
+        "torch backend only",
+    ),
+    (["logging.val_generations=4"], "logging.val_generations=4", "read when validation runs"),
 ]
 
 

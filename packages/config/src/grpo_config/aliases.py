@@ -64,6 +64,7 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_A}.kl_loss_coef": "actor.kl_loss_coef",
         f"{_A}.kl_loss_type": "actor.kl_loss_type",
         f"{_A}.entropy_coeff": "actor.entropy_coeff",
+        f"{_A}.entropy_from_logits_with_chunking": "actor.entropy_from_logits_with_chunking",
         f"{_A}.clip_ratio_low": "actor.clip_ratio_low",
         f"{_A}.clip_ratio_high": "actor.clip_ratio_high",
         f"{_A}.clip_ratio_c": "actor.clip_ratio_c",
@@ -131,6 +132,7 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std",
         "reward_model.overlong_buffer": "reward.overlong_buffer",
         "reward_model.reward_kwargs.overlong_buffer_cfg": "reward.overlong_buffer",
+        "reward_model.reward_kwargs.max_resp_len": "reward.overlong_buffer.max_response_length",
         # verl's one_step_off_policy recipe: the rollout workers' own devices.
         "rollout.n_gpus_per_node": "rollout.devices_per_node",
         "trainer.nnodes": "device.nnodes",
@@ -145,6 +147,7 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "trainer.val_before_train": "val_before_train",
         "trainer.max_zero_advantage_steps": "max_zero_advantage_steps",
         "trainer.project_name": "project_name",
+        "trainer.log_val_generations": "logging.val_generations",
         "trainer.experiment_name": "experiment_name",
         "actor.checkpoint.strict": "checkpoint.strict",
         # Transformer-config keys grpo has as settings of their own (the rest stay overrides).
@@ -167,21 +170,60 @@ _BRIDGE_KEYS: Mapping[str, bool] = MappingProxyType(
     }
 )
 
-# verl keys with no grpo setting: the one value that describes what grpo does is accepted (and
-# dropped); any other is refused with the reason.
-_FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
+_NO_COMPILE = (
+    "grpo does not torch.compile the log-prob / entropy functions (no effect on results, only on speed); "
+    "remove the key"
+)
+_FSDP_OFFLOAD = (
+    "grpo's torch backend (verl's FSDP strategy) keeps {what} on the device; offloading is the Megatron "
+    "backend's (actor.megatron.{ours}, ref.megatron.param_offload)"
+)
+
+# verl keys with no grpo setting: the values that describe what grpo does are accepted (dropped, and
+# listed as inert with the reason); any other is refused with the reason.
+_FIXED_KEYS: Mapping[str, tuple[tuple[Any, ...], str]] = MappingProxyType(
     {
-        "trainer.critic_warmup": (0, "GRPO has no critic, so there is no critic warm-up"),
-        f"{_A}.use_torch_compile": (
-            False,
-            "grpo does not torch.compile the log-prob / entropy functions (no effect on results, only "
-            "on speed); remove the key",
+        "trainer.critic_warmup": ((0,), "GRPO has no critic, so there is no critic warm-up"),
+        f"{_A}.use_torch_compile": ((False,), _NO_COMPILE),
+        f"{_R}.use_torch_compile": ((False,), _NO_COMPILE),
+        "actor_rollout_ref.model.use_fused_kernels": (
+            (False,),
+            "grpo computes log-probs and entropy from the logits as verl does without its fused kernels",
         ),
+        f"{_A}.optim.lr_decay_style": (
+            ("constant",),
+            "grpo's learning rate is constant after actor.lr_warmup_steps, as verl's 'constant'",
+        ),
+        f"{_A}.fsdp_config.param_offload": ((False,), _FSDP_OFFLOAD.format(what="parameters", ours="param_offload")),
+        f"{_A}.fsdp_config.optimizer_offload": (
+            (False,),
+            _FSDP_OFFLOAD.format(what="the optimizer state", ours="optimizer_offload"),
+        ),
+        f"{_R}.fsdp_config.param_offload": ((False,), _FSDP_OFFLOAD.format(what="parameters", ours="param_offload")),
         f"{_RO}.calculate_log_probs": (
-            True,
+            (True,),
             "grpo always collects the rollout engine's sampling log-probs and logs their gap to the "
             "actor's as rollout/logprob_abs_diff every step (in bypass mode they are the old log-probs); "
             "it cannot be switched off",
+        ),
+        f"{_RO}.mode": (
+            ("sync", "async"),
+            "verl's sync and async (server) rollout modes generate the same samples for single-turn prompts; "
+            "grpo's engine takes each rank's prompts in one call (rollout.mode chooses colocated or one-step-off)",
+        ),
+        "data.return_raw_chat": (
+            (True, False),
+            "grpo applies the chat template once in the driver (data.apply_chat_template) and hands the engine "
+            "token ids, so no raw chat is passed on",
+        ),
+        f"{_R}.entropy_from_logits_with_chunking": (
+            (True, False),
+            "the reference model's pass computes no entropy",
+        ),
+        "reward_model.reward_manager": (
+            ("naive", "dapo"),
+            "grpo's reward manager scores each response as verl's naive one and adds the overlong penalty of "
+            "verl's dapo one when reward.overlong_buffer.enable (verl's overlong_buffer_cfg) is set",
         ),
     }
 )
@@ -201,7 +243,9 @@ _REFUSED_KEYS: Mapping[str, str] = MappingProxyType(
 )
 
 # trainer.logger entries -> the grpo logging switch each turns on.
-_LOGGERS: Mapping[str, str] = MappingProxyType({"console": "logging.console", "tensorboard": "logging.tensorboard"})
+_LOGGERS: Mapping[str, str] = MappingProxyType(
+    {"console": "logging.console", "tensorboard": "logging.tensorboard", "wandb": "logging.wandb"}
+)
 
 # Roots that exist only as verl aliases: any key under them that is not an alias is unknown.
 ALIAS_ONLY_ROOTS = frozenset({"actor_rollout_ref", "trainer", "reward_model"})
@@ -226,11 +270,10 @@ def _logger_settings(key: str, value: Any) -> list[tuple[str, Any]]:
     unknown = [name for name in loggers if name not in _LOGGERS]
     if unknown:
         raise ConfigError(
-            f"'{key}={value}' asks for {', '.join(repr(n) for n in unknown)}, which grpo does not ship "
-            f"(no account or network is assumed). grpo logs every step to the console, "
-            f"<logging.dir>/<project_name>/<experiment_name>/metrics.jsonl, TensorBoard and metrics.png "
-            f"(logging.console / jsonl / tensorboard / plot). Keep only "
-            f"{' and '.join(repr(n) for n in _LOGGERS)} in {key}.",
+            f"'{key}={value}' asks for {', '.join(repr(n) for n in unknown)}, which grpo does not log to. "
+            f"grpo logs every step to the console, <logging.dir>/<project_name>/<experiment_name>/"
+            f"metrics.jsonl, TensorBoard, Weights & Biases and metrics.png (logging.console / jsonl / "
+            f"tensorboard / wandb / plot). Keep only {', '.join(repr(n) for n in _LOGGERS)} in {key}.",
             key=key,
         )
     return [(setting, name in loggers) for name, setting in _LOGGERS.items()]
@@ -238,9 +281,22 @@ def _logger_settings(key: str, value: Any) -> list[tuple[str, Any]]:
 
 def _fixed_settings(key: str, value: Any) -> list[tuple[str, Any]]:
     accepted, why = _FIXED_KEYS[key]
-    if _as_python(value) != accepted:
-        raise ConfigError(f"'{key}={value}' cannot be honoured: {why} (only {accepted!r} is accepted).", key=key)
+    given = _as_python(value)
+    if not any(given == a and type(given) is type(a) for a in accepted):
+        allowed = " or ".join(repr(a) for a in accepted)
+        raise ConfigError(f"'{key}={value}' cannot be honoured: {why} (only {allowed} is accepted).", key=key)
+    log.info("config.verl_key_ignored", key=key, value=given, reason=why)
     return []
+
+
+def ignored_reason(key: str) -> str | None:
+    """Why a verl key that sets nothing in grpo (its value restates what grpo does) is dropped; None
+    for a key that sets something."""
+    if key in _FIXED_KEYS:
+        return _FIXED_KEYS[key][1]
+    if key in _BRIDGE_KEYS:
+        return "grpo always converts models through Megatron-Bridge"
+    return None
 
 
 def _refused_settings(key: str, value: Any) -> list[tuple[str, Any]]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from grpo_config.aliases import ignored_reason
 from grpo_config.errors import ConfigError
 from grpo_config.loader import build
 from grpo_config.serialize import to_dict
@@ -47,7 +48,7 @@ class Conversion:
     def to_yaml(self) -> str:
         text = yaml.safe_dump(self.settings, sort_keys=False, default_flow_style=False, allow_unicode=True)
         if self.inert:
-            text += "# Ignored: these do nothing here, as in verl (their switch is off):\n"
+            text += "# Ignored: these set nothing here (their switch is off, as in verl, or they restate what grpo does):\n"
             text += "".join(f"#   {line}  ({why})\n" for line, why in self.inert)
         return text
 
@@ -180,6 +181,14 @@ def convert(overrides: Iterable[str]) -> Conversion:
         for key in sorted(_grpo_keys(line))[:1]
         if key in why_inert
     ]
+    # verl keys whose accepted value restates what grpo does: they set nothing.
+    inert += [
+        (line, why)
+        for line in accepted
+        if not _grpo_keys(line)
+        for why in [ignored_reason(line.partition("=")[0].strip().lstrip("+"))]
+        if why is not None
+    ]
     accepted = [line for line in accepted if line not in {line for line, _ in inert}]
     flat = collect({}, accepted)
     cfg = build(flat)
@@ -279,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line, reason in conversion.refused:
         print(f"refused: {line}\n  {reason}", file=sys.stderr)
     for line, why in conversion.inert:
-        print(f"ignored: {line}\n  does nothing here, as in verl: {why}", file=sys.stderr)
+        print(f"ignored: {line}\n  sets nothing here: {why}", file=sys.stderr)
     print(
         f"from-verl: {len(conversion.accepted) - len(conversion.inferred)} lines mapped, "
         f"{len(conversion.inert)} inert, {len(conversion.refused)} refused",

@@ -123,6 +123,9 @@ class ActorConfig:
     # (data.max_response_length, or rollout.max_tokens when set), as verl's default.
     loss_scale_factor: float | None = None
     entropy_coeff: float = 0.0
+    # The torch backend computes each row's entropy over 2048 rows of logits at a time (verl's key of
+    # the same name): the same values, a smaller peak than the whole [rows, vocabulary] softmax.
+    entropy_from_logits_with_chunking: bool = False
     use_kl_loss: bool = True
     kl_loss_coef: float = 0.001
     kl_loss_type: KLType = "low_var_kl"
@@ -248,12 +251,15 @@ class AlgorithmConfig:
 class OverlongBufferConfig:
     """DAPO's overlong reward shaping (verl's `reward_model.overlong_buffer`): a response longer than
     `budget - len` tokens loses `(length - (budget - len)) / len * penalty_factor`, up to
-    `penalty_factor` at the budget. `log`: log the penalty's mean and the share penalised."""
+    `penalty_factor` at the budget. `log`: log the penalty's mean and the share penalised.
+    `max_response_length`: the budget the penalty counts from (verl's DAPO reward manager's
+    `max_resp_len`); None: the response budget (rollout.max_tokens, else data.max_response_length)."""
 
     enable: bool = False
     len: int = 0
     penalty_factor: float = 0.0
     log: bool = False
+    max_response_length: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,6 +288,12 @@ class LoggingConfig:
     jsonl: bool = True
     tensorboard: bool = True
     plot: bool = True
+    # Weights & Biases (verl's trainer.logger 'wandb'): project_name / experiment_name, every step's
+    # metrics; WANDB_MODE / WANDB_API_KEY etc. from the environment. Needs the wandb package.
+    wandb: bool = False
+    # Validation samples (prompt, response, score) logged per validation, as verl's
+    # trainer.log_val_generations picks them: val_generations.jsonl, TensorBoard text, a wandb table.
+    val_generations: int = 0
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import re
 from collections.abc import Callable
@@ -188,6 +189,8 @@ _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("data.gen_batch_size", lambda v: v is None or v >= 1, ">= 1 prompts or null (data.train_batch_size)"),
     ("reward.overlong_buffer.len", lambda v: v >= 0, ">= 0 tokens"),
     ("reward.overlong_buffer.penalty_factor", lambda v: v >= 0, ">= 0"),
+    ("reward.overlong_buffer.max_response_length", lambda v: v is None or v >= 1, ">= 1 tokens or null (the budget)"),
+    ("logging.val_generations", lambda v: v >= 0, ">= 0 samples (0: none)"),
     ("reward.timeout_s", lambda v: v > 0, "> 0 seconds"),
     ("reward.num_workers", lambda v: v >= 1, ">= 1"),
     ("checkpoint.save_freq", lambda v: v == -1 or v >= 1, "-1 (only at the end) or >= 1 steps"),
@@ -445,11 +448,23 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
         except ValueError as exc:
             problems.append(f"algorithm.rollout_correction: {exc}.")
     buffer = cfg.reward.overlong_buffer
-    if buffer.enable and not 1 <= buffer.len <= (cfg.rollout.max_tokens or cfg.data.max_response_length):
+    if buffer.enable and buffer.max_response_length is not None:
+        if not 1 <= buffer.len <= buffer.max_response_length:
+            problems.append(
+                f"reward.overlong_buffer.len={buffer.len} must be between 1 and reward.overlong_buffer."
+                f"max_response_length={buffer.max_response_length} (verl's max_resp_len): the penalty ramps over "
+                "the last len tokens before it."
+            )
+    elif buffer.enable and not 1 <= buffer.len <= (cfg.rollout.max_tokens or cfg.data.max_response_length):
         budget = cfg.rollout.max_tokens or cfg.data.max_response_length
         problems.append(
             f"reward.overlong_buffer.len={buffer.len} must be between 1 and the response budget {budget} "
             "(rollout.max_tokens, else data.max_response_length): the penalty ramps over the last len tokens."
+        )
+    if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
+        problems.append(
+            "logging.wandb=true (trainer.logger 'wandb') needs the wandb package, which is not installed here: "
+            "`pip install wandb` (or `pip install grpo-trainer[wandb]`), or drop 'wandb' from trainer.logger."
         )
     return problems + _policy_loss_problems(cfg)
 
@@ -457,11 +472,6 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
 def _policy_loss_problems(cfg: TrainerConfig) -> list[str]:
     actor, problems = cfg.actor, []
     mode = actor.policy_loss.loss_mode
-    if mode in ("gspo", "cispo") and actor.clip_ratio_c != ActorConfig().clip_ratio_c:
-        problems.append(
-            f"actor.clip_ratio_c={actor.clip_ratio_c}: the dual clip belongs to the vanilla PPO loss; "
-            f"actor.policy_loss.loss_mode={mode} has none. Remove it."
-        )
     if mode != "cispo" and actor.clip_ratio_low > 1:
         problems.append(
             f"actor.clip_ratio_low={actor.clip_ratio_low} makes the ratio's lower clip bound 1 - low negative; "
@@ -659,13 +669,35 @@ def inert_settings(cfg: TrainerConfig) -> list[tuple[list[str], str]]:
     buffer = cfg.reward.overlong_buffer
     if not buffer.enable:
         add(
-            _changed(buffer, OverlongBufferConfig(), ("len", "penalty_factor", "log"), "reward.overlong_buffer"),
+            _changed(
+                buffer,
+                OverlongBufferConfig(),
+                ("len", "penalty_factor", "log", "max_response_length"),
+                "reward.overlong_buffer",
+            ),
             "read with reward.overlong_buffer.enable=true only, and it is false",
         )
     if cfg.actor.loss_scale_factor is not None and cfg.actor.loss_agg_mode != "seq-mean-token-sum-norm":
         add(
             [f"actor.loss_scale_factor={cfg.actor.loss_scale_factor}"],
             f"read by loss_agg_mode=seq-mean-token-sum-norm only, and actor.loss_agg_mode={cfg.actor.loss_agg_mode}",
+        )
+    if cfg.actor.policy_loss.loss_mode != "vanilla":
+        add(
+            _changed(cfg.actor, ActorConfig(), ("clip_ratio_c",), "actor"),
+            f"read by the vanilla PPO loss's dual clip only, and actor.policy_loss.loss_mode="
+            f"{cfg.actor.policy_loss.loss_mode} has none",
+        )
+    if cfg.actor.backend == "megatron":
+        add(
+            _changed(cfg.actor, ActorConfig(), ("entropy_from_logits_with_chunking",), "actor"),
+            "read by the torch backend only (verl's FSDP actor); the Megatron backend computes entropy over "
+            "vocabulary-parallel logits, one micro-batch at a time",
+        )
+    if cfg.logging.val_generations and not (cfg.data.val_files and (cfg.test_freq > 0 or cfg.val_before_train)):
+        add(
+            [f"logging.val_generations={cfg.logging.val_generations}"],
+            "read when validation runs (data.val_files with test_freq > 0 or val_before_train), and it does not",
         )
     if algorithm.adv_estimator == "rloo":
         add(

@@ -425,9 +425,15 @@ def kl_loss(
     )
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, *, chunk_rows: int | None = None) -> torch.Tensor:
     """Entropy of softmax(logits) over the last dim: `logsumexp(z) - sum(softmax(z) * z)`.
-    Entries of -inf (masked vocabulary) contribute 0."""
+    Entries of -inf (masked vocabulary) contribute 0. `chunk_rows`: over that many positions at a
+    time (verl's entropy_from_logits_with_chunking): the same values, with the softmax's
+    [positions, vocabulary] temporaries a chunk at a time instead of whole."""
+    if chunk_rows is not None and logits[..., 0].numel() > chunk_rows:
+        rows = logits.reshape(-1, logits.shape[-1])
+        parts = [entropy_from_logits(rows[i : i + chunk_rows]) for i in range(0, rows.shape[0], chunk_rows)]
+        return torch.cat(parts).reshape(logits.shape[:-1])
     lse = torch.logsumexp(logits, dim=-1)
     probs = torch.softmax(logits, dim=-1)
     if torch.isneginf(logits).any():

@@ -1,12 +1,16 @@
-"""Per-step metrics to the console (structlog), a JSONL file and TensorBoard; the end-of-run plot."""
+"""Per-step metrics to the console (structlog), a JSONL file, TensorBoard and Weights & Biases;
+validation samples; the end-of-run plot."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import structlog
 
 log = structlog.get_logger()
@@ -29,13 +33,43 @@ PLOT_PANELS = (
 )
 
 
+VAL_GENERATIONS_FILE = "val_generations.jsonl"
+
+
+@dataclass(frozen=True)
+class WandbRun:
+    """What a Weights & Biases run is started with (verl's: project, experiment name, the config)."""
+
+    project: str
+    name: str
+    config: dict[str, Any]
+
+
+def pick_val_generations(
+    inputs: Sequence[str], outputs: Sequence[str], scores: Sequence[float], count: int
+) -> list[tuple[str, str, float]]:
+    """`count` validation samples picked as verl's `log_val_generations` picks them: sorted by
+    prompt text, shuffled with a fixed seed (numpy's RandomState(42)), the first `count`."""
+    samples = sorted(zip(inputs, outputs, scores, strict=True), key=lambda sample: sample[0])
+    np.random.RandomState(42).shuffle(samples)
+    return samples[:count]
+
+
 class MetricsLogger:
     """Appends one JSON object per step to `<dir>/metrics.jsonl` (resumed runs keep appending and
-    readers keep the last record of a step) and mirrors scalars to TensorBoard (`tensorboard_dir`,
-    default `<dir>/tensorboard`)."""
+    readers keep the last record of a step), mirrors scalars to TensorBoard (`tensorboard_dir`,
+    default `<dir>/tensorboard`) and, given `wandb`, to a Weights & Biases run (a new one each
+    launch, as verl's; files under `<dir>/wandb`)."""
 
     def __init__(
-        self, directory: Path, *, console: bool, jsonl: bool, tensorboard: bool, tensorboard_dir: Path | None = None
+        self,
+        directory: Path,
+        *,
+        console: bool,
+        jsonl: bool,
+        tensorboard: bool,
+        tensorboard_dir: Path | None = None,
+        wandb: WandbRun | None = None,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
@@ -47,6 +81,15 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(tensorboard_dir or directory / "tensorboard"))
+        self._wandb = None
+        self._wandb_table: list[list[Any]] = []
+        if wandb is not None:
+            import wandb as wandb_module
+
+            self._wandb = wandb_module.init(
+                project=wandb.project, name=wandb.name, config=wandb.config, dir=str(directory)
+            )
+            log.info("metrics.wandb", project=wandb.project, name=wandb.name, url=self._wandb.url)
 
     def log(self, step: int, metrics: dict[str, float], *, console: bool = True) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
@@ -57,34 +100,49 @@ class MetricsLogger:
             for key, value in clean.items():
                 if math.isfinite(value):
                     self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
         if self.console and console:
             shown = {k.replace("/", "_"): round(clean[k], 4) for k in CONSOLE_KEYS if k in clean}
             log.info("train.step", step=step, **shown)
 
+    def log_generations(self, step: int, samples: Sequence[tuple[str, str, float]]) -> None:
+        """Validation samples (prompt, response, score): a line of `val_generations.jsonl`, a
+        TensorBoard text and a row of the wandb table `val/generations` (verl's layout: step, then
+        input / output / score of each sample)."""
+        if not samples:
+            return
+        rows = [{"input": i, "output": o, "score": float(s)} for i, o, s in samples]
+        with (self.directory / VAL_GENERATIONS_FILE).open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"step": step, "samples": rows}) + "\n")
+        if self._tb is not None:
+            text = "\n\n".join(
+                f"### Sample {k}\n\n**Input:** {r['input']}\n\n**Output:** {r['output']}\n\n**Score:** {r['score']}"
+                for k, r in enumerate(rows, 1)
+            )
+            self._tb.add_text("val/generations", text, step)
+        if self._wandb is not None:
+            import wandb as wandb_module
+
+            columns = ["step"] + [f"{part}_{k}" for k in range(1, len(rows) + 1) for part in ("input", "output", "score")]
+            if self._wandb_table and len(self._wandb_table[0]) != len(columns):
+                self._wandb_table = []  # a later validation with fewer samples starts the table again
+            self._wandb_table.append([step, *(v for r in rows for v in (r["input"], r["output"], r["score"]))])
+            self._wandb.log({"val/generations": wandb_module.Table(columns=columns, data=self._wandb_table)}, step=step)
+
     def rewind(self, step: int) -> int:
-        """Keep the records up to `step` (a resumed run's checkpoint) in metrics.jsonl, moving those
-        of later, abandoned steps to metrics.abandoned.jsonl; returns how many moved. TensorBoard's
+        """Keep the records up to `step` (a resumed run's checkpoint) in metrics.jsonl (and
+        val_generations.jsonl), moving those of later, abandoned steps to metrics.abandoned.jsonl
+        (val_generations.abandoned.jsonl); returns how many metrics records moved. TensorBoard's
         event files cannot be cut: it shows the resumed steps as a second line over the first."""
-        if self.jsonl_path is None or not self.jsonl_path.exists():
-            return 0
-        kept, moved = [], []
-        for line in self.jsonl_path.read_text(encoding="utf-8").splitlines(keepends=True):
-            try:
-                later = int(json.loads(line)["step"]) > step
-            except (ValueError, KeyError, TypeError):  # a record cut short by a kill: not worth keeping
-                later = True
-            (moved if later else kept).append(line if line.endswith("\n") else line + "\n")
-        if not moved:
+        _cut_after(self.directory / VAL_GENERATIONS_FILE, step)
+        if self.jsonl_path is None:
             return 0
         if self._jsonl is not None:
             self._jsonl.close()
-        with (self.directory / "metrics.abandoned.jsonl").open("a", encoding="utf-8") as side:
-            side.writelines(moved)
-        tmp = self.jsonl_path.with_name(self.jsonl_path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(self.jsonl_path)
+        moved = _cut_after(self.jsonl_path, step)
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
-        return len(moved)
+        return moved
 
     def logged_steps(self) -> set[int]:
         """Steps with a record in the JSONL file (empty without one)."""
@@ -97,6 +155,31 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _cut_after(path: Path, step: int) -> int:
+    """Move the records of `path` (JSON lines with a "step") past `step` to `<stem>.abandoned.jsonl`
+    beside it; the file is replaced whole, never left half-written. Returns how many moved."""
+    if not path.exists():
+        return 0
+    kept, moved = [], []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            later = int(json.loads(line)["step"]) > step
+        except (ValueError, KeyError, TypeError):  # a record cut short by a kill: not worth keeping
+            later = True
+        (moved if later else kept).append(line if line.endswith("\n") else line + "\n")
+    if not moved:
+        return 0
+    with path.with_name(path.stem + ".abandoned.jsonl").open("a", encoding="utf-8") as side:
+        side.writelines(moved)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(path)
+    return len(moved)
 
 
 def read_metrics(path: Path) -> dict[int, dict[str, float]]:

@@ -44,7 +44,7 @@ from grpo_trainer.batching import dp_row_split, pad_rows, response_budget
 from grpo_trainer.data import PromptDataset, PromptItem, ResumableSampler
 from grpo_trainer.data.images import load_processor
 from grpo_trainer.devices import resolve_device_kind
-from grpo_trainer.metrics import MetricsLogger, plot_metrics
+from grpo_trainer.metrics import MetricsLogger, WandbRun, pick_val_generations, plot_metrics
 from grpo_trainer.policy_workers import PolicyWorkers, process_count
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.resume_layout import LAYOUT_KEY, check_resume_layout, checkpoint_layout, layout_change
@@ -427,7 +427,10 @@ class _Run:
         if buffer.enable:
             lengths = torch.tensor([len(g.token_ids) for g in rollout.generations])
             rewards = scores + overlong_penalty(
-                lengths, budget=self.max_tokens, buffer_len=buffer.len, penalty_factor=buffer.penalty_factor
+                lengths,
+                budget=buffer.max_response_length or self.max_tokens,
+                buffer_len=buffer.len,
+                penalty_factor=buffer.penalty_factor,
             )
         return Sampled(rollout=rollout, scored=scored, scores=scores, rewards=rewards)
 
@@ -554,9 +557,11 @@ class _Run:
     def decode(self, token_ids: list[list[int]]) -> list[str]:
         return self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
 
-    def validate(self) -> dict[str, float]:
+    def validate(self) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
+        """The validation set's mean reward (overall and per data source) and the samples
+        `logging.val_generations` asks to log (prompt, response, score)."""
         if self.val_data is None:
-            return {}
+            return {}, []
         items = [self.val_data[i] for i in range(len(self.val_data))]
         params = self.sampling_params(validation=True)
         chunks = split_ranks(items, self.replicas.count)
@@ -570,7 +575,11 @@ class _Run:
             by_source.setdefault(item.data_source, []).append(score)
         for source, values in by_source.items():
             metrics[f"val/{source}/reward_mean"] = sum(values) / len(values)
-        return metrics
+        count = self.cfg.logging.val_generations
+        if not count:
+            return metrics, []
+        prompts = self.tokenizer.batch_decode([item.prompt_ids for item in rollout.items], skip_special_tokens=True)
+        return metrics, pick_val_generations(prompts, texts, scores, count)
 
     # -- resume / checkpoint ----------------------------------------------------------------------
     def maybe_resume(self) -> Path | None:
@@ -714,6 +723,7 @@ def _train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None) -> Tra
         jsonl=cfg.logging.jsonl,
         tensorboard=cfg.logging.tensorboard,
         tensorboard_dir=Path(cfg.logging.dir) / "tensorboard" / cfg.project_name / cfg.experiment_name,
+        wandb=WandbRun(cfg.project_name, cfg.experiment_name, grpo_config.to_dict(cfg)) if cfg.logging.wandb else None,
     )
     try:
         run.start_workers()
@@ -731,7 +741,9 @@ def _train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None) -> Tra
         if run.resumed_metrics is not None and run.step not in logger.logged_steps():
             logger.log(run.step, run.resumed_metrics, console=False)  # killed after the save, before the record
         if cfg.val_before_train and resumed_from is None and run.val_data is not None:
-            logger.log(0, run.validate())
+            val_metrics, samples = run.validate()
+            logger.log(0, val_metrics)
+            logger.log_generations(0, samples)
         batches = _batches(run.sampler)
         with tqdm(total=run.total_steps, initial=run.step, desc="train", unit="step", disable=None) as bar:
             while run.step < run.total_steps:
@@ -741,14 +753,17 @@ def _train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None) -> Tra
                 if run.last_advantages is not None:
                     run.check_learning_signal(run.last_advantages)
                 timer = PhaseTimer()
+                samples: list[tuple[str, str, float]] = []
                 if cfg.test_freq > 0 and _is_due(run.step, cfg.test_freq, run.total_steps):
                     with timer("validate"):
-                        metrics.update(run.validate())
+                        val_metrics, samples = run.validate()
+                        metrics.update(val_metrics)
                 if _is_due(run.step, cfg.checkpoint.save_freq, run.total_steps):
                     with timer("save"):
                         run.save({**metrics, **timer.metrics})
                 metrics.update(timer.metrics)
                 logger.log(run.step, metrics)
+                logger.log_generations(run.step, samples)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
         logger.close()

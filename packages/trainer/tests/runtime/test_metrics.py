@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from structlog.testing import capture_logs
 
-from grpo_trainer.metrics import MetricsLogger, plot_metrics, read_metrics
+from grpo_trainer.metrics import MetricsLogger, pick_val_generations, plot_metrics, read_metrics
 
 
 def test_jsonl_tensorboard_console_and_plot(tmp_path) -> None:
@@ -43,3 +44,40 @@ def test_jsonl_tensorboard_console_and_plot(tmp_path) -> None:
 
     png = plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "plot.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_validation_samples_are_picked_as_verl_picks_them() -> None:
+    """Sorted by prompt, shuffled with numpy's RandomState(42), the first N: the same prompts each
+    validation whatever the order they came in (verl's _maybe_log_val_generations)."""
+    inputs = [f"prompt {c}" for c in "gdbface"]
+    outputs = [f"answer to {p}" for p in inputs]
+    scores = [float(i) for i in range(len(inputs))]
+    picked = pick_val_generations(inputs, outputs, scores, 3)
+    order = sorted(range(len(inputs)), key=lambda i: inputs[i])
+    positions = list(range(len(order)))
+    np.random.RandomState(42).shuffle(positions)  # the permutation verl's shuffle applies
+    assert picked == [(inputs[order[p]], outputs[order[p]], scores[order[p]]) for p in positions[:3]]
+    reversed_in = pick_val_generations(inputs[::-1], outputs[::-1], scores[::-1], 3)
+    assert reversed_in == picked
+    assert len(pick_val_generations(inputs, outputs, scores, 100)) == len(inputs)
+
+
+def test_validation_samples_go_to_their_file_and_tensorboard_and_rewind_with_the_metrics(tmp_path) -> None:
+    logger = MetricsLogger(tmp_path, console=False, jsonl=True, tensorboard=True)
+    for step in (1, 2, 3):
+        logger.log(step, {"reward/mean": step / 10})
+        logger.log_generations(step, [(f"q{step}", f"a{step}", 1.0), ("q", "a", 0.0)])
+    logger.log_generations(4, [])  # no validation this step: nothing written
+    assert logger.rewind(1) == 2
+    logger.close()
+    kept = [json.loads(line) for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert kept == [{"step": 1, "samples": [{"input": "q1", "output": "a1", "score": 1.0}, {"input": "q", "output": "a", "score": 0.0}]}]
+    abandoned = (tmp_path / "val_generations.abandoned.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in abandoned] == [2, 3]
+    assert list(read_metrics(tmp_path / "metrics.jsonl")) == [1]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = [e for e in events.Tensors("val/generations/text_summary") if e.step == 2]
+    assert b"**Input:** q2" in text.tensor_proto.string_val[0]

@@ -608,3 +608,38 @@ def test_adamw_is_torchs_fused_kernel_also_after_loading_another_runs_checkpoint
     plain.update(batch, num_mini_batches=1, ppo_epochs=1)
     _assert_close(_params(fused), _params(plain), atol=1e-6)
     assert not torch.equal(_params(fused)["model.embed_tokens.weight"], state["model"]["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_entropy_from_logits_with_chunking_gives_the_same_entropy_a_chunk_at_a_time(
+    tiny_model_dir, monkeypatch, packed
+) -> None:
+    """actor.entropy_from_logits_with_chunking (verl's key): the entropy is computed over
+    ENTROPY_CHUNK_ROWS positions at a time (3 here, so a micro-batch takes several chunks), padded
+    and packed; the values and the entropy bonus's gradients are those of the whole softmax."""
+    from grpo_trainer import grpo_math
+    from grpo_trainer.backends import hf_model, torch_backend
+
+    monkeypatch.setattr(torch_backend, "ENTROPY_CHUNK_ROWS", 3)
+    sizes: list[int] = []
+    original = grpo_math.entropy_from_logits
+
+    def counting(logits, *, chunk_rows=None):
+        sizes.append(logits.shape[-2] if logits.dim() > 1 else 1)
+        return original(logits, chunk_rows=chunk_rows)
+
+    monkeypatch.setattr(hf_model, "entropy_from_logits", counting)
+    monkeypatch.setattr(grpo_math, "entropy_from_logits", counting)
+    settings = {"ppo_micro_batch_size_per_device": 8, "entropy_coeff": 0.01, "use_remove_padding": packed}
+    whole = _actor(tiny_model_dir, **settings)
+    chunked = _actor(tiny_model_dir, **settings, entropy_from_logits_with_chunking=True)
+    batch = _batch(seed=5)
+    expected = whole.log_probs(batch, with_entropy=True)["entropy"]
+    sizes.clear()
+    got = chunked.log_probs(batch, with_entropy=True)["entropy"]
+    assert max(sizes[1:]) <= 3 and len(sizes) > 2  # the outer call, then its chunks of <= 3 positions
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    grads, grads_chunked = _capture_grads(whole), _capture_grads(chunked)
+    whole.update_mini_batch(_prepare(whole, batch))
+    chunked.update_mini_batch(_prepare(chunked, _batch(seed=5)))
+    _assert_close(grads, grads_chunked, atol=1e-6)

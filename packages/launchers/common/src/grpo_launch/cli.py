@@ -178,7 +178,9 @@ def verl_script_overrides(script: Path) -> list[str]:
             f"`hatch run from-verl {script}` gives each one's reason; remove them from the script, or write the "
             "YAML with from-verl, edit it and launch it with --config"
         )
-    log.info("from_verl", script=str(script), settings=len(conversion.accepted))
+    log.info("from_verl", script=str(script), settings=len(conversion.accepted), inert=len(conversion.inert))
+    if conversion.inert:  # lines that do nothing, in verl as here: said once, left out of the settings
+        log.warning("config.ignored", settings=dict(conversion.inert))
     return list(conversion.accepted)
 
 

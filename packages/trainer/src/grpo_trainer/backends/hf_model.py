@@ -12,6 +12,8 @@ from grpo_trainer.grpo_math import entropy_from_logits
 log = structlog.get_logger()
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Rows of logits per entropy chunk under actor.entropy_from_logits_with_chunking (verl's 2048).
+ENTROPY_CHUNK_ROWS = 2048
 
 
 def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool = False) -> torch.nn.Module:
@@ -74,13 +76,15 @@ def token_log_probs(
     entropy_grad: bool = True,
     vision: dict[str, torch.Tensor] | None = None,
     packed: bool = False,
+    entropy_chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(input_ids[:, t] | input_ids[:, :t]) at position t, shape [B, T], and the entropy of
     the distribution that predicted position t, same layout; 0 at position 0 and on padding.
     Without `entropy_grad` the entropy is computed outside autograd (no [B, T, vocab] kept).
     `vision`: the batch's pixel inputs (`grpo_trainer.vision.join_rows`), for a vision-language model.
     `packed`: the rows (right-padded) run as one padding-free sequence of sequences
-    (`actor.use_remove_padding`); the same numbers up to float rounding, no work on padding."""
+    (`actor.use_remove_padding`); the same numbers up to float rounding, no work on padding.
+    `entropy_chunk_rows`: the entropy over that many positions at a time (the same values)."""
     inner = getattr(model, "module", model)  # DDP wraps the HF model
     if packed:
         if vision:
@@ -88,7 +92,14 @@ def token_log_probs(
                 "packed sequences (actor.use_remove_padding=true) with images: the vision-language "
                 "positions are not packed yet; set actor.use_remove_padding=false"
             )
-        return _packed_token_log_probs(model, input_ids, attention_mask, with_entropy=with_entropy, entropy_grad=entropy_grad)
+        return _packed_token_log_probs(
+            model,
+            input_ids,
+            attention_mask,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            entropy_chunk_rows=entropy_chunk_rows,
+        )
     extra = linear_attention_kwargs(inner, input_ids.shape[1])
     if vision:
         from grpo_trainer.vision import token_types
@@ -104,7 +115,7 @@ def token_log_probs(
     if not with_entropy:
         return log_probs, None
     with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_rows=entropy_chunk_rows)
     return log_probs, torch.cat([zeros, entropy * valid], dim=1)
 
 
@@ -118,6 +129,7 @@ def _packed_token_log_probs(
     *,
     with_entropy: bool,
     entropy_grad: bool,
+    entropy_chunk_rows: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_log_probs` of right-padded rows run as one packed row: each sequence's positions start
     at 0, no attention mask is built, and the boundaries go as `cu_seq_lens_q` to the attention
@@ -163,5 +175,6 @@ def _packed_token_log_probs(
     if not with_entropy:
         return log_probs, None
     with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-        entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) * predicted
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_rows=entropy_chunk_rows)
+        entropy = entropy * predicted
         return log_probs, zeros.to(entropy.dtype).masked_scatter(valid, torch.cat([entropy.new_zeros(1), entropy]))

@@ -21,7 +21,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from grpo_config.schema import TrainerConfig
 from grpo_device import DeviceKind
-from grpo_trainer.backends.hf_model import autocast_context, load_causal_lm, token_log_probs
+from grpo_trainer.backends.hf_model import (
+    ENTROPY_CHUNK_ROWS,
+    autocast_context,
+    load_causal_lm,
+    token_log_probs,
+)
 from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
 from grpo_trainer.vision import join_rows
 
@@ -105,6 +110,7 @@ class TorchBackend:
                 entropy_grad=entropy_grad,
                 vision={k: v.to(self.device) for k, v in join_rows(micro.vision).items()},
                 packed=packed,
+                entropy_chunk_rows=ENTROPY_CHUNK_ROWS if self.cfg.actor.entropy_from_logits_with_chunking else None,
             )
 
     @torch.no_grad()
