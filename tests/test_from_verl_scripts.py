@@ -217,3 +217,24 @@ def test_inert_lines_become_comments_not_settings() -> None:
     text = conversion.to_yaml()
     assert "#   algorithm.kl_ctrl.kl_coef=0.0  (read with algorithm.use_kl_in_reward=true only" in text
     assert yaml.safe_load(text) == {"algorithm": {"use_kl_in_reward": False}}
+
+
+def test_a_machine_probe_is_answered_failing_and_said(tmp_path: Path, capsys, entry_point_logging) -> None:
+    """verl's Qwen3.5 scripts choose DEVICE with `python3 -c 'import torch_npu'`: the probe is not run
+    here, it fails (the GPU branch), and from-verl names it so that --env can choose the other."""
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "set -euo pipefail\n"
+        "DEVICE=${DEVICE:-$(python3 -c 'import torch_npu' 2>/dev/null && echo npu || echo gpu)}\n"
+        'case "$DEVICE" in gpu) TP=8 ;; npu) TP=16 ;; esac\n'
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.tensor_model_parallel_size=$TP "
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_load_balancing_type=\\\"none\\\"\n"
+    )
+    call = read_trainer_call(script)
+    assert call.probes == ["python3 -c 'import torch_npu'"]
+    assert call.overrides[0] == "actor_rollout_ref.rollout.tensor_model_parallel_size=8"
+    # Hydra reads the escaped quotes as a quoted string: "none", not '"none"'.
+    assert convert(call.overrides).settings["actor"]["megatron"]["moe_router_load_balancing_type"] == "none"
+    assert read_trainer_call(script, env={"DEVICE": "npu"}).overrides[0].endswith("=16")
+    main([str(script)])
+    assert "probed the machine with `python3 -c 'import torch_npu'`" in capsys.readouterr().err

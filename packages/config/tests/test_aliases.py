@@ -121,30 +121,30 @@ def test_verl_style_nested_yaml_is_accepted() -> None:
     [
         "actor_rollout_ref.actor.megatron.use_mbridge=True",
         "actor_rollout_ref.ref.megatron.vanilla_mbridge=false",
+        "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
     ],
 )
 def test_megatron_bridge_choice_accepted_with_deprecation_warning(override: str) -> None:
+    """verl's bridge choices load and set nothing: grpo converts through Megatron-Bridge, which
+    builds the same model from the same HF weights as mbridge (verl's vanilla_mbridge=True)."""
     with capture_logs() as logs:
         cfg = load(None, [override])
     assert cfg == load()  # no effect on the config
     (entry,) = logs
     assert entry["log_level"] == "warning" and entry["event"] == "config.deprecated_key"
-    assert "we always use Megatron-Bridge" in entry["note"]
+    assert "Megatron-Bridge" in entry["note"]
 
 
-@pytest.mark.parametrize(
-    "override",
-    [
-        "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
-        "actor_rollout_ref.actor.megatron.use_mbridge=false",
-    ],
-)
-def test_mbridge_is_refused(override: str) -> None:
-    with pytest.raises(
-        ConfigError, match="asks for the mbridge package, which grpo does not support"
-    ) as info:
-        load(None, [override])
+def test_verl_s_bridge_less_path_is_refused() -> None:
+    with pytest.raises(ConfigError, match="without a bridge") as info:
+        load(None, ["actor_rollout_ref.actor.megatron.use_mbridge=false"])
     assert "Megatron-Bridge" in str(info.value) and "Remove the key" in str(info.value)
+
+
+def test_model_engine_megatron_is_the_megatron_backend() -> None:
+    assert load(None, ["model_engine=megatron"]).actor.backend == "megatron"
+    with pytest.raises(ConfigError, match="verl's 'veomni' engine has no counterpart"):
+        load(None, ["model_engine=veomni"])
 
 
 def test_bridge_key_value_is_type_checked() -> None:
@@ -240,7 +240,7 @@ def test_verl_logging_and_reward_manager_keys_map() -> None:
     [
         ("reward_model.reward_manager=prime", "only 'naive' or 'dapo' is accepted"),
         ("actor_rollout_ref.actor.fsdp_config.param_offload=True", "offloading is the Megatron backend's"),
-        ("actor_rollout_ref.ref.use_torch_compile=True", "does not torch.compile"),
+        ("actor_rollout_ref.ref.use_torch_compile=sometimes", "only True or False is accepted"),
         ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "constant after actor.lr_warmup_steps"),
         ("actor_rollout_ref.model.use_fused_kernels=True", "without its fused kernels"),
         ("actor_rollout_ref.rollout.mode=agent", "only 'sync' or 'async' is accepted"),
@@ -253,7 +253,7 @@ def test_verl_keys_that_restate_grpo_are_dropped_and_others_refused(override: st
     accepted = {
         "reward_model.reward_manager": "naive",
         "actor_rollout_ref.actor.fsdp_config.param_offload": "False",
-        "actor_rollout_ref.ref.use_torch_compile": "False",
+        "actor_rollout_ref.ref.use_torch_compile": "True",
         "actor_rollout_ref.actor.optim.lr_decay_style": "constant",
         "actor_rollout_ref.model.use_fused_kernels": "False",
         "actor_rollout_ref.rollout.mode": "async",
@@ -263,3 +263,21 @@ def test_verl_keys_that_restate_grpo_are_dropped_and_others_refused(override: st
     assert [entry["key"] for entry in logs if entry["event"] == "config.verl_key_ignored"] == [key]
     with pytest.raises(ConfigError, match=refused_because):
         load(None, [override])
+
+
+def test_verl_keys_that_change_only_speed_are_dropped_whatever_their_value() -> None:
+    with capture_logs() as logs:
+        cfg = load(
+            None,
+            [
+                "data.filter_overlong_prompts_workers=64",
+                "ray_kwargs.ray_init.runtime_env.py_executable=uv -v run --frozen --extra vllm",
+                "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
+            ],
+        )
+    assert cfg == load(None, [])
+    assert {entry["key"] for entry in logs if entry["event"] == "config.verl_key_ignored"} == {
+        "data.filter_overlong_prompts_workers",
+        "ray_kwargs.ray_init.runtime_env.py_executable",
+        "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
+    }

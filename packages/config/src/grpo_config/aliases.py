@@ -161,31 +161,46 @@ ALIASES: Mapping[str, str] = MappingProxyType(
 
 # Keys choosing between mbridge and Megatron-Bridge: we always use Megatron-Bridge, so only the value
 # that says so is accepted (and dropped, with a deprecation warning).
-_BRIDGE_KEYS: Mapping[str, bool] = MappingProxyType(
+_BRIDGE_KEYS: Mapping[str, tuple[bool, ...]] = MappingProxyType(
     {
-        f"{_A}.megatron.vanilla_mbridge": False,
-        f"{_A}.megatron.use_mbridge": True,
-        f"{_R}.megatron.vanilla_mbridge": False,
-        f"{_R}.megatron.use_mbridge": True,
+        # True: verl converts with the mbridge package; grpo with Megatron-Bridge, the same model.
+        f"{_A}.megatron.vanilla_mbridge": (False, True),
+        f"{_A}.megatron.use_mbridge": (True,),
+        f"{_R}.megatron.vanilla_mbridge": (False, True),
+        f"{_R}.megatron.use_mbridge": (True,),
     }
 )
 
 _NO_COMPILE = (
-    "grpo does not torch.compile the log-prob / entropy functions (no effect on results, only on speed); "
-    "remove the key"
+    "speed only: verl compiles its FSDP engine's log-prob / entropy functions with it (its Megatron engine "
+    "does not read it); grpo does not compile them, and the results are the same"
 )
+_BOTH = (True, False)
+ANY_VALUE = object()  # a _FIXED_KEYS entry accepting every value: the key changes nothing but speed
 _FSDP_OFFLOAD = (
     "grpo's torch backend (verl's FSDP strategy) keeps {what} on the device; offloading is the Megatron "
     "backend's (actor.megatron.{ours}, ref.megatron.param_offload)"
 )
 
-# verl keys with no grpo setting: the values that describe what grpo does are accepted (dropped, and
-# listed as inert with the reason); any other is refused with the reason.
-_FIXED_KEYS: Mapping[str, tuple[tuple[Any, ...], str]] = MappingProxyType(
+# verl keys with no grpo setting: the values that describe what grpo does, or that change only speed,
+# are accepted (dropped, and listed as inert with the reason); any other is refused with the reason.
+_FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
     {
         "trainer.critic_warmup": ((0,), "GRPO has no critic, so there is no critic warm-up"),
-        f"{_A}.use_torch_compile": ((False,), _NO_COMPILE),
-        f"{_R}.use_torch_compile": ((False,), _NO_COMPILE),
+        f"{_A}.use_torch_compile": (_BOTH, _NO_COMPILE),
+        f"{_R}.use_torch_compile": (_BOTH, _NO_COMPILE),
+        f"{_A}.fsdp_config.forward_prefetch": (_BOTH, "speed only: FSDP's prefetch of the next layer's shards"),
+        f"{_R}.fsdp_config.forward_prefetch": (_BOTH, "speed only: FSDP's prefetch of the next layer's shards"),
+        "data.filter_overlong_prompts_workers": (
+            ANY_VALUE,
+            "speed only: grpo tokenises and filters prompts in the driver in one pass (seconds for geo3k); "
+            "data.filter_overlong_prompts is honoured",
+        ),
+        "ray_kwargs.ray_init.runtime_env.py_executable": (
+            ANY_VALUE,
+            "grpo's Ray workers run the driver's own Python (launch grpo inside the environment they need, "
+            "e.g. under `uv run`, as verl's script does for its driver)",
+        ),
         "actor_rollout_ref.model.use_fused_kernels": (
             (False,),
             "grpo computes log-probs and entropy from the logits as verl does without its fused kernels",
@@ -235,10 +250,6 @@ _REFUSED_KEYS: Mapping[str, str] = MappingProxyType(
             "verl's legacy token-level TIS key; set algorithm.rollout_correction.rollout_is=token and "
             "algorithm.rollout_correction.rollout_is_threshold=<the cap> (verl's current keys)"
         ),
-        "data.filter_overlong_prompts_workers": (
-            "grpo tokenises and filters prompts in the driver in one pass (seconds for geo3k); there is "
-            "no worker pool to size. Remove the key (data.filter_overlong_prompts is honoured)"
-        ),
     }
 )
 
@@ -282,7 +293,7 @@ def _logger_settings(key: str, value: Any) -> list[tuple[str, Any]]:
 def _fixed_settings(key: str, value: Any) -> list[tuple[str, Any]]:
     accepted, why = _FIXED_KEYS[key]
     given = _as_python(value)
-    if not any(given == a and type(given) is type(a) for a in accepted):
+    if accepted is not ANY_VALUE and not any(given == a and type(given) is type(a) for a in accepted):
         allowed = " or ".join(repr(a) for a in accepted)
         raise ConfigError(f"'{key}={value}' cannot be honoured: {why} (only {allowed} is accepted).", key=key)
     log.info("config.verl_key_ignored", key=key, value=given, reason=why)
@@ -315,6 +326,21 @@ def _hybrid_engine_settings(key: str, value: Any) -> list[tuple[str, Any]]:
     return [] if flag else [("rollout.mode", "one_step_off")]
 
 
+MODEL_ENGINE_KEY = "model_engine"
+
+
+def _model_engine_settings(key: str, value: Any) -> list[tuple[str, Any]]:
+    """verl's `model_engine=megatron` (its Megatron trainer config) is grpo's Megatron backend."""
+    engine = _as_python(value)
+    if engine != "megatron":
+        raise ConfigError(
+            f"'{key}={value}': grpo trains Qwen3.5 with its Megatron backend (model_engine=megatron) or, on the "
+            f"CPU, its plain-torch one (actor.backend=torch); verl's {engine!r} engine has no counterpart here.",
+            key=key,
+        )
+    return [("actor.backend", "megatron")]
+
+
 # verl's trainer.resume_mode -> checkpoint.resume ("resume_path": trainer.resume_from_path names it).
 _RESUME_MODES: Mapping[str, str] = MappingProxyType({"auto": "auto", "disable": "none"})
 
@@ -340,6 +366,8 @@ def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
         return _hybrid_engine_settings(key, value)
     if key == "trainer.resume_mode":
         return _resume_settings(key, value)
+    if key == MODEL_ENGINE_KEY:
+        return _model_engine_settings(key, value)
     if key in _FIXED_KEYS:
         return _fixed_settings(key, value)
     if key in _REFUSED_KEYS:
@@ -352,21 +380,20 @@ def is_bridge_key(key: str) -> bool:
 
 
 def check_bridge_key(key: str, value: bool) -> None:
-    """Accept the Megatron-Bridge choice with a deprecation warning; refuse mbridge."""
-    accepted = _BRIDGE_KEYS[key]
-    if value != accepted:
+    """Accept a bridge choice grpo can stand in for, with a warning: Megatron-Bridge builds the same
+    Megatron model from the same HF weights as mbridge (`vanilla_mbridge=True`). Refuse verl's
+    bridge-less path (`use_mbridge=False`: Megatron checkpoints converted offline)."""
+    if value not in _BRIDGE_KEYS[key]:
         raise ConfigError(
-            f"'{key}={value}' asks for the mbridge package, which grpo does not support: models are "
-            f"always converted through Megatron-Bridge (actor.megatron.bridge='megatron-bridge'). "
-            f"Remove the key or set it to {accepted}.",
+            f"'{key}={value}' asks verl to load Megatron checkpoints converted offline, without a bridge; grpo "
+            f"always converts the HF checkpoint through Megatron-Bridge (actor.megatron.bridge='megatron-bridge'). "
+            f"Remove the key or set it to True.",
             key=key,
         )
-    log.warning(
-        "config.deprecated_key",
-        key=key,
-        value=value,
-        note="we always use Megatron-Bridge; this key has no effect, remove it",
-    )
+    note = "grpo always converts through Megatron-Bridge; this key has no effect, remove it"
+    if value and key.endswith("vanilla_mbridge"):
+        note = "grpo converts through Megatron-Bridge, not mbridge: the same Megatron model from the same HF weights"
+    log.warning("config.deprecated_key", key=key, value=value, note=note)
 
 
 def resolve_alias(key: str) -> str | None:
@@ -382,4 +409,4 @@ def resolve_alias(key: str) -> str | None:
 
 
 def all_alias_keys() -> list[str]:
-    return [*ALIASES, *_BRIDGE_KEYS, *_FIXED_KEYS, *_REFUSED_KEYS, "trainer.logger", "trainer.resume_mode", HYBRID_ENGINE_KEY]
+    return [*ALIASES, *_BRIDGE_KEYS, *_FIXED_KEYS, *_REFUSED_KEYS, "trainer.logger", "trainer.resume_mode", HYBRID_ENGINE_KEY, MODEL_ENGINE_KEY]

@@ -28,6 +28,14 @@ class OverrideText(str):
     """The raw text right of `=` in a dotted override (an untyped field parses it as YAML)."""
 
 
+def _unquoted(value: Any) -> Any:
+    """Hydra's quoted string: an override's text wholly in matching quotes is the text inside them
+    (`key=\\"none\\"` in a shell script reaches Hydra, and us, as `"none"`)."""
+    if isinstance(value, OverrideText) and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return OverrideText(value[1:-1])
+    return value
+
+
 def type_name(tp: Any) -> str:
     """A short human name for a field type, used in error messages."""
     origin = typing.get_origin(tp)
@@ -97,6 +105,7 @@ def coerce(value: Any, tp: Any, *, path: str, build_section: BuildSection) -> An
     if tp is float:
         return _coerce_float(value, path=path)
     if tp is str:
+        value = _unquoted(value)
         if isinstance(value, str):
             return str(value)
         raise _wrong_type(value, tp, path, " Quote it in YAML to make it a string.")
@@ -126,6 +135,7 @@ def _coerce_union(value: Any, tp: Any, *, path: str, build_section: BuildSection
 
 def _coerce_literal(value: Any, tp: Any, *, path: str) -> Any:
     allowed = typing.get_args(tp)
+    value = _unquoted(value)
     for option in allowed:
         same_kind = type(value) is type(option) or (isinstance(value, str) and isinstance(option, str))
         if same_kind and value == option:

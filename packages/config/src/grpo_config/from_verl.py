@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from grpo_config.aliases import ignored_reason
+from grpo_config.aliases import MODEL_ENGINE_KEY, ignored_reason
 from grpo_config.errors import ConfigError
 from grpo_config.loader import build
 from grpo_config.serialize import to_dict
@@ -147,7 +147,7 @@ def convert(overrides: Iterable[str]) -> Conversion:
     lines = last_of_each_key(overrides)
     keys = [line.partition("=")[0].strip().lstrip("+") for line in lines]
     inferred = []
-    if any(k.startswith(_MEGATRON_KEYS) for k in keys) and _STRATEGY not in keys:
+    if any(k.startswith(_MEGATRON_KEYS) for k in keys) and not {_STRATEGY, MODEL_ENGINE_KEY} & set(keys):
         inferred.append(f"{_STRATEGY}=megatron")
     lines = inferred + lines
     # Lines that build on their own are each other's context; a line that does not is refused alone.
@@ -276,11 +276,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"from-verl: --env takes KEY=VALUE, got {' '.join(bad)}", file=sys.stderr)
             return 2
         env = dict(e.split("=", 1) for e in args.env)
+        from grpo_config.verl_script import read_trainer_call
+
         try:
-            overrides = script_overrides(args.script, env=env, timeout_s=args.timeout)
+            call = read_trainer_call(args.script, env=env, timeout_s=args.timeout)
         except ValueError as exc:
             print(f"from-verl: {exc}", file=sys.stderr)
             return 2
+        overrides = call.overrides
+        for probe in call.probes:
+            print(f"note: the script probed the machine with `{probe}`: not run here, answered as failing; "
+                  "set what it decides with --env (e.g. --env DEVICE=npu)", file=sys.stderr)
     conversion = convert(overrides)
     sys.stdout.write(conversion.to_yaml())
     for line in conversion.inferred:

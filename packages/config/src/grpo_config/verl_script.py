@@ -11,8 +11,10 @@ Commands that change or remove files (`rm`, `mv`, `cp`, `ln`, `tee`, ...) are st
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -30,8 +32,11 @@ STAND_INS = (
 # The trainer entry points: verl's main_ppo and the recipes' mains (recipe.dapo.main_dapo, ...).
 _TRAINER_MODULE = re.compile(r"^(?:verl\.trainer\.main_\w+|recipe\.[\w.]+\.main_\w+|verl\.experimental\.[\w.]+\.main_\w+)$")
 _TRAINER_FILE = re.compile(r"(?:^|/)main_\w+\.py$")
+# A `python -c CODE` probe of the machine (`import torch_npu`, ...) is answered as failing: it is not
+# run here, and the script's choice it feeds is said (TrainerCall.probes) so that --env can make it.
 _RECORDER = """#!/bin/bash
 { printf '%s\\0' "$#" "${0##*/}" "$@"; } >> "$GRPO_VERL_RECORD"
+case "${0##*/}" in python*) [ "${1-}" = -c ] && exit 1 ;; esac
 exit 0
 """
 
@@ -49,6 +54,8 @@ class TrainerCall:
     config_name: str | None = None
     config_path: str | None = None
     command: list[str] = field(default_factory=list)
+    # `python -c CODE` commands the script ran to probe the machine, answered as failing.
+    probes: list[str] = field(default_factory=list)
 
 
 def run_script(
@@ -153,4 +160,5 @@ def read_trainer_call(script: Path, *, env: Mapping[str, str] | None = None, tim
             + (f"; its last output: {tail}" if tail else "")
             + "). Set the variables it needs with --env KEY=VALUE, or pass its overrides as a file of key=value lines."
         )
-    return call
+    probes = [shlex.join(c) for c in calls if c[0].startswith("python") and len(c) > 1 and c[1] == "-c"]
+    return dataclasses.replace(call, probes=probes)

@@ -165,9 +165,13 @@ def verl_script_overrides(script: Path) -> list[str]:
     cannot (each with its reason in `hatch run from-verl SCRIPT`)."""
     from structlog.testing import capture_logs
 
-    from grpo_config.from_verl import convert, script_overrides
+    from grpo_config.from_verl import convert
+    from grpo_config.verl_script import read_trainer_call
 
-    overrides = script_overrides(script, env={}, timeout_s=60.0)
+    call = read_trainer_call(script, env={}, timeout_s=60.0)
+    for probe in call.probes:  # e.g. `python3 -c 'import torch_npu'` choosing DEVICE
+        log.warning("from_verl.probe_answered_failing", script=str(script), probe=probe, hint="export what it decides")
+    overrides = call.overrides
     # Each line is judged many times; its warnings (a deprecated key) come once from the plan's own load.
     with capture_logs():
         conversion = convert(overrides)
