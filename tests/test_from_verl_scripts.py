@@ -238,3 +238,30 @@ def test_a_machine_probe_is_answered_failing_and_said(tmp_path: Path, capsys, en
     assert read_trainer_call(script, env={"DEVICE": "npu"}).overrides[0].endswith("=16")
     main([str(script)])
     assert "probed the machine with `python3 -c 'import torch_npu'`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("script", "launcher"),
+    [("run_qwen3_5_35b_megatron.sh", "grpo-launch-35b"), ("run_qwen3_5_122b_a10b_megatron.sh", "grpo-launch-122b")],
+)
+def test_verl_s_qwen3_5_seed_scripts_launch_as_they_are(script: str, launcher: str, tmp_path: Path) -> None:
+    """The two scripts this project replaces, unchanged, through their launcher's --from-verl: the
+    dry run passes, the script's settings over the profile (its batch and lengths, its layout)."""
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name(launcher)), "--from-verl", str(SCRIPTS / script), "--dry-run", "--device", "gpu"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "DEVICE"} | {"HOME": str(tmp_path)},
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    cfg = yaml.safe_load(done.stdout)["config"]
+    call = read_trainer_call(SCRIPTS / script, env={"HOME": str(tmp_path)})
+    given = dict(line.lstrip("+").split("=", 1) for line in call.overrides)
+    assert cfg["data"]["train_batch_size"] == int(given["data.train_batch_size"])
+    assert cfg["data"]["max_response_length"] == int(given["data.max_response_length"])
+    assert cfg["parallel"]["ep"] == int(given["actor_rollout_ref.actor.megatron.expert_model_parallel_size"])
+    assert cfg["rollout"]["n"] == int(given["actor_rollout_ref.rollout.n"])
+    assert cfg["actor"]["backend"] == "megatron" and cfg["logging"]["wandb"] is True
+    assert "config.ignored" in done.stderr and "probe_answered_failing" in done.stderr
