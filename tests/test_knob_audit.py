@@ -307,6 +307,11 @@ READ: dict[str, tuple[str, ...]] = {
         f"{TRAINER}/test_rewards_manager.py::test_many_hanging_rows_cost_one_timeout_per_batch",
     ),
     "reward.num_workers": (f"{SETTINGS}::test_the_reward_settings_reach_the_reward_manager",),
+    "reward.grader": (
+        f"{TRAINER}/test_rewards_manager.py::test_the_grader_setting_picks_verl_s_or_the_lenient_grading",
+        f"{SETTINGS}::test_the_reward_settings_reach_the_reward_manager",
+        "tests/test_rewards_equal_verl.py::test_every_row_scores_as_verl_scores_it",
+    ),
     "checkpoint.dir": (TINY_TRAIN,),
     "checkpoint.save_freq": (TINY_TRAIN,),
     "checkpoint.max_to_keep": (TINY_TRAIN,),

@@ -92,8 +92,9 @@ def test_sampling_parameters_of_training_and_validation(preset) -> None:
 
 
 def test_the_reward_settings_reach_the_reward_manager(preset) -> None:
-    run = _run(preset, "reward.timeout_s=2.5", "reward.num_workers=3")
+    run = _run(preset, "reward.timeout_s=2.5", "reward.num_workers=3", "reward.grader=lenient")
     assert run.rewards.timeout_s == 2.5 and run.rewards._threads.num_workers == 3
+    assert run.rewards.grader == "lenient" and _run(preset).rewards.grader == "verl"
     run.rewards.close()
 
 

@@ -64,6 +64,7 @@ INERT = [
         "torch backend only",
     ),
     (["logging.val_generations=4"], "logging.val_generations=4", "read when validation runs"),
+    (["reward.custom_fn=my.mod:fn", "reward.grader=lenient"], "reward.grader='lenient'", "built-in rewards only"),
 ]
 
 

@@ -77,22 +77,41 @@ def test_geo3k_score_weights_accuracy_and_format():
     assert rw.geo3k_score("<think>x</think> 30", "30", None) == 0.0
 
 
-def test_gsm8k_score():
+def test_gsm8k_score_is_verl_s_strict_rule():
     assert rw.gsm8k_score("so 3 + 4 = 7\n#### 7", "7", None) == 1.0
     assert rw.gsm8k_score("#### 1,234", "1234", None) == 1.0
     assert rw.gsm8k_score("#### -3", "-3", None) == 1.0
-    assert rw.gsm8k_score("#### 18.0", "18", None) == 1.0
-    assert rw.gsm8k_score("#### 8", "7", None) == 0.0
+    assert rw.gsm8k_score("#### 18.0", "18", None) == 0.0  # verl compares the strings
+    assert rw.gsm8k_score("#### 8\n#### 7", "7", None) == 1.0  # the last one counts
+    assert rw.gsm8k_score("#### 7" + " padding" * 40, "7", None) == 0.0  # only the last 300 characters
     assert rw.gsm8k_score("the answer is 7", "7", None) == 0.0  # strict format: needs ####
-    assert rw.gsm8k_score("#### 7", "Natalia sold 48/2 = 24 clips.\n#### 7", None) == 1.0
 
 
-def test_builtin_sources_are_registered():
+def test_gsm8k_lenient_grader():
+    assert rw.gsm8k_score_lenient("#### 18.0", "18", None) == 1.0
+    assert rw.gsm8k_score_lenient("#### 8", "7", None) == 0.0
+    assert rw.gsm8k_score_lenient("the answer is 7", "7", None) == 0.0
+    assert rw.gsm8k_score_lenient("#### 7", "Natalia sold 48/2 = 24 clips.\n#### 7", None) == 1.0
+
+
+def test_builtin_sources_are_registered_per_grader():
+    """grader "verl" (the default): verl's default_compute_score per source; "lenient": grpo's
+    broader matching where it has one, else the verl one; a source unknown to both is an error."""
+    from grpo_trainer.rewards.hendrycks_math import hendrycks_math_score
+    from grpo_trainer.rewards.minerva_math import minerva_math_score
+
     assert rw.get_reward_fn("openai/gsm8k") is rw.gsm8k_score
     assert rw.get_reward_fn("hiyouga/geometry3k") is rw.geo3k_score
-    for source in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"):
-        assert rw.get_reward_fn(source) is rw.math_score
-    assert {"openai/gsm8k", "lighteval/MATH"} <= set(rw.registered_sources())
+    for source in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"):
+        assert rw.get_reward_fn(source) is hendrycks_math_score
+        assert rw.get_reward_fn(source, "lenient") is rw.math_score
+    for source in ("math_dapo", "math", "math_dapo_reasoning", "aime24", "aime_2025"):
+        assert rw.get_reward_fn(source) is minerva_math_score
+    assert rw.get_reward_fn("openai/gsm8k", "lenient") is rw.gsm8k_score_lenient
+    assert rw.get_reward_fn("hiyouga/geometry3k", "lenient") is rw.geo3k_score_lenient
+    assert {"openai/gsm8k", "lighteval/MATH", "aime*"} <= set(rw.registered_sources())
+    with pytest.raises(rw.UnknownDataSourceError):
+        rw.get_reward_fn("nobody/knows", "lenient")
 
 
 def test_register_get_and_conflicts():
@@ -153,8 +172,10 @@ def test_public_api_is_frozen():
         "UnknownDataSourceError",
         "answers_match",
         "geo3k_score",
+        "geo3k_score_lenient",
         "get_reward_fn",
         "gsm8k_score",
+        "gsm8k_score_lenient",
         "last_boxed",
         "load_custom_fn",
         "math_score",

@@ -230,3 +230,17 @@ def test_invalid_manager_arguments():
         rw.RewardManager(0)
     with pytest.raises(ValueError, match="isolation"):
         rw.RewardManager(1.0, isolation="fork")
+
+
+def test_the_grader_setting_picks_verl_s_or_the_lenient_grading() -> None:
+    """reward.grader: "verl" (the default) scores as verl does; "lenient" takes equivalent answers
+    verl's rules miss, on the same rows, through the same manager the trainer builds."""
+    items = [
+        {"solution_str": "#### 18.0", "ground_truth": "18", "data_source": "openai/gsm8k"},
+        {"solution_str": "<think>x</think> \\boxed{5.333333}", "ground_truth": "\\frac{16}{3}", "data_source": "hiyouga/geometry3k"},
+        {"solution_str": "so \\boxed{0.25}", "ground_truth": "\\frac{1}{4}", "data_source": "lighteval/MATH"},
+    ]
+    verl = rw.RewardManager(timeout_s=30, isolation="thread")
+    lenient = rw.RewardManager(timeout_s=30, isolation="thread", grader="lenient")
+    assert verl.score(items).scores == pytest.approx([0.0, 0.1, 0.0])
+    assert lenient.score(items).scores == pytest.approx([1.0, 1.0, 1.0])

@@ -63,29 +63,32 @@ def test_truncated_weights_and_their_statistics(level, normalize) -> None:
         assert metrics[P + "rollout_is_batch_norm_factor"] == pytest.approx(factor, abs=1e-6)
     np.testing.assert_allclose(weights.numpy(), truncated, atol=1e-6)
     assert not weights.requires_grad
+    # verl's definitions: mean / max / min / std / ESS / per-sequence statistics of the applied
+    # (truncated, before batch normalisation) weights; the high / low fractions of the raw ones.
     w = [raw[i, t] for i, t in valid]
-    assert metrics[P + "rollout_is_mean"] == pytest.approx(np.mean(w), abs=1e-6)
+    applied = [min(x, cap) for x in w]
+    assert metrics[P + "rollout_is_mean"] == pytest.approx(np.mean(applied), abs=1e-6)
     if level == "token":
-        assert metrics[P + "rollout_is_max"] == pytest.approx(max(w), abs=1e-6)
-        assert metrics[P + "rollout_is_min"] == pytest.approx(min(w), abs=1e-6)
+        assert metrics[P + "rollout_is_max"] == pytest.approx(max(applied), abs=1e-6)
+        assert metrics[P + "rollout_is_min"] == pytest.approx(min(applied), abs=1e-6)
         assert metrics[P + "rollout_is_ratio_fraction_high"] == pytest.approx(np.mean([x > cap for x in w]))
         assert metrics[P + "rollout_is_ratio_fraction_low"] == pytest.approx(np.mean([x < 1 / cap for x in w]))
     else:
         assert metrics[P + "rollout_is_max"] == pytest.approx(math.exp(max(seq_log)), abs=1e-6)
         assert metrics[P + "rollout_is_min"] == pytest.approx(math.exp(min(seq_log)), abs=1e-6)
         assert metrics[P + "rollout_is_ratio_fraction_high"] == pytest.approx(np.mean([s > math.log(cap) for s in seq_log]))
-    bounded = [min(max(x, 1 / cap), cap) for x in w]
-    assert metrics[P + "rollout_is_std"] == pytest.approx(np.std(bounded), abs=1e-6)
-    normed = [b / (np.mean(bounded) + 1e-8) for b in bounded]
+    assert metrics[P + "rollout_is_std"] == pytest.approx(np.std(applied), abs=1e-6)
+    normed = [b / (np.mean(applied) + 1e-8) for b in applied]
     assert metrics[P + "rollout_is_eff_sample_size"] == pytest.approx(1 / np.mean(np.square(normed)), abs=1e-7)
-    per_seq = [np.mean([raw[i, t] for t in _tokens(mask, i)]) for i in range(rows)]
+    per_seq = [np.mean([min(raw[i, t], cap) for t in _tokens(mask, i)]) for i in range(rows)]
+    raw_per_seq = [np.mean([raw[i, t] for t in _tokens(mask, i)]) for i in range(rows)]
     assert metrics[P + "rollout_is_seq_mean"] == pytest.approx(np.mean(per_seq), abs=1e-6)
     assert metrics[P + "rollout_is_seq_max_deviation"] == pytest.approx(max(abs(q - 1) for q in per_seq), abs=1e-6)
     assert metrics[P + "rollout_is_seq_std"] == pytest.approx(np.std(per_seq, ddof=1), abs=1e-6)
     assert metrics[P + "rollout_is_seq_max"] == pytest.approx(max(per_seq), abs=1e-6)
     assert metrics[P + "rollout_is_seq_min"] == pytest.approx(min(per_seq), abs=1e-6)
-    assert metrics[P + "rollout_is_seq_fraction_high"] == pytest.approx(np.mean([q > cap for q in per_seq]))
-    assert metrics[P + "rollout_is_seq_fraction_low"] == pytest.approx(np.mean([q < 1 / cap for q in per_seq]))
+    assert metrics[P + "rollout_is_seq_fraction_high"] == pytest.approx(np.mean([q > cap for q in raw_per_seq]))
+    assert metrics[P + "rollout_is_seq_fraction_low"] == pytest.approx(np.mean([q < 1 / cap for q in raw_per_seq]))
     # The cap binds somewhere, or the test would not test truncation.
     assert (raw > cap).any()
 

@@ -203,7 +203,9 @@ def _coerce_int(value: Any, *, path: str) -> int:
 def _coerce_float(value: Any, *, path: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, str):
+    # "0.5_2" is no number here (Python and YAML read 0.52): a `float | str` setting takes it as text,
+    # e.g. IcePop's "lower_upper" band.
+    if isinstance(value, str) and "_" not in value:
         try:
             return float(value.strip())
         except ValueError:

@@ -21,6 +21,28 @@ OPTIONS: tuple[str, ...] = (
 )
 
 
+def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
+    """verl's `rollout_is_threshold`: a number (or numeric text) is truncated IS's cap, (cap, None);
+    `"lower_upper"` is IcePop's band, (upper, lower): weights outside it are set to 0."""
+    if isinstance(spec, bool):
+        raise ValueError(f"rollout_is_threshold must be a number or 'lower_upper', got {spec!r}")
+    text = str(spec).strip()
+    lower_text, band, upper_text = text.partition("_") if isinstance(spec, str) else ("", "", text)
+    try:
+        upper = float(upper_text)
+        lower = float(lower_text) if band else None
+    except ValueError:
+        raise ValueError(
+            f"rollout_is_threshold {spec!r} is neither a number (truncated IS's cap, e.g. 2.0) nor "
+            "'lower_upper' (IcePop's band, e.g. '0.5_2.0')"
+        ) from None
+    if not math.isfinite(upper) or upper <= 0 or (lower is not None and (not math.isfinite(lower) or lower <= 0)):
+        raise ValueError(f"rollout_is_threshold {spec!r}: its bounds must be positive numbers")
+    if lower is not None and lower > upper:
+        raise ValueError(f"rollout_is_threshold {spec!r}: the lower bound is above the upper one")
+    return upper, lower
+
+
 @dataclass(frozen=True)
 class RejectionOption:
     name: str

@@ -225,7 +225,9 @@ class RolloutCorrectionConfig:
     logged: they would compare a tensor with itself)."""
 
     rollout_is: Literal["token", "sequence"] | None = None
-    rollout_is_threshold: float = 2.0
+    # A number: truncated IS, weights capped there. "lower_upper" (e.g. "0.5_2.0"): IcePop, weights
+    # outside the band set to 0 (rollout_corr/rollout_is_oob_ratio: the share of tokens outside it).
+    rollout_is_threshold: float | str = 2.0
     rollout_is_batch_normalize: bool = False
     rollout_rs: str | None = None
     rollout_rs_threshold: str | float | None = None
@@ -268,6 +270,10 @@ class RewardConfig:
     timeout_s: float = 60.0  # the budget of one batch's scoring (all its rows, num_workers at a time)
     num_workers: int = 1
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # How the built-in rewards grade answers: "verl" as verl's default_compute_score per data source
+    # (mathruler for geo3k, verl's gsm8k / MATH / DAPO rules); "lenient" grpo's broader matching
+    # (numeric closeness, math-verify when installed). verl has no such setting. Not read with custom_fn.
+    grader: Literal["verl", "lenient"] = "verl"
 
 
 @dataclass(frozen=True, kw_only=True)

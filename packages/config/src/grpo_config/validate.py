@@ -11,7 +11,7 @@ from typing import Any
 
 from grpo_config.aliases import TRANSFORMER_SETTINGS
 from grpo_config.errors import ConfigError
-from grpo_config.rejection import parse_rejection
+from grpo_config.rejection import parse_is_threshold, parse_rejection
 from grpo_config.schema import (
     ActorConfig,
     AlgorithmConfig,
@@ -20,6 +20,7 @@ from grpo_config.schema import (
     MegatronConfig,
     OverlongBufferConfig,
     ParallelConfig,
+    RewardConfig,
     RolloutConfig,
     RolloutCorrectionConfig,
     TimeoutsConfig,
@@ -181,11 +182,6 @@ _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, ">= 0"),
     ("algorithm.kl_ctrl.horizon", lambda v: v >= 1, ">= 1 sequences"),
     ("algorithm.kl_ctrl.target_kl", lambda v: v > 0, "> 0"),
-    (
-        "algorithm.rollout_correction.rollout_is_threshold",
-        lambda v: v > 0,
-        "> 0 (the weights' upper cap), e.g. 2.0",
-    ),
     ("data.gen_batch_size", lambda v: v is None or v >= 1, ">= 1 prompts or null (data.train_batch_size)"),
     ("reward.overlong_buffer.len", lambda v: v >= 0, ">= 0 tokens"),
     ("reward.overlong_buffer.penalty_factor", lambda v: v >= 0, ">= 0"),
@@ -442,6 +438,10 @@ def _algorithm_problems(cfg: TrainerConfig) -> list[str]:
             "those log-probs are of the distribution after temperature / top-k / top-p, the policy's in the "
             "loss are of the raw one. Use raw_logprobs (vLLM's default) or set bypass_mode=false."
         )
+    try:
+        parse_is_threshold(correction.rollout_is_threshold)
+    except ValueError as exc:
+        problems.append(f"algorithm.rollout_correction.{exc}.")
     if correction.rollout_rs is not None:
         try:
             parse_rejection(correction.rollout_rs, correction.rollout_rs_threshold)
@@ -681,6 +681,11 @@ def inert_settings(cfg: TrainerConfig) -> list[tuple[list[str], str]]:
         add(
             [f"actor.loss_scale_factor={cfg.actor.loss_scale_factor}"],
             f"read by loss_agg_mode=seq-mean-token-sum-norm only, and actor.loss_agg_mode={cfg.actor.loss_agg_mode}",
+        )
+    if cfg.reward.custom_fn and cfg.reward.grader != RewardConfig().grader:
+        add(
+            [f"reward.grader={cfg.reward.grader!r}"],
+            f"read by the built-in rewards only, and reward.custom_fn={cfg.reward.custom_fn} scores every item",
         )
     if cfg.actor.policy_loss.loss_mode != "vanilla":
         add(

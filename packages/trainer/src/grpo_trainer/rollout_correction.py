@@ -5,7 +5,8 @@ log-probs `log pi_rollout` differ from the training policy's at rollout time (`l
 old log-probs). Per token `lr = log pi_old - log pi_rollout`:
 
 - truncated importance sampling (TIS, `rollout_is`): every token's policy loss is multiplied by
-  `min(w, threshold)`, `w = exp(lr)` per token or `exp(sum_t lr)` per sequence (detached);
+  `min(w, threshold)`, `w = exp(lr)` per token or `exp(sum_t lr)` per sequence (detached); with
+  `rollout_is_threshold="lower_upper"` (IcePop) by `w` inside the band and 0 outside it;
 - rejection sampling / masked IS (MIS, `rollout_rs`): tokens or whole sequences whose statistic of
   `lr` is out of bounds (`grpo_config.rejection`) leave the loss mask.
 
@@ -14,11 +15,12 @@ Every function is pure torch on `[B, T]` tensors; metric names are verl's, under
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from grpo_config.rejection import RejectionOption, parse_rejection
+from grpo_config.rejection import RejectionOption, parse_is_threshold, parse_rejection
 from grpo_config.schema import RolloutCorrectionConfig
 from grpo_trainer.grpo_math import masked_mean, masked_sum
 
@@ -63,78 +65,90 @@ def mismatch_metrics(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tenso
     return {PREFIX + name: float(value) for name, value in values.items()}
 
 
+def _vmean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """verl's `masked_mean`: the masked sum over (the mask's count + 1e-8), so its diagnostics
+    match to the last digits."""
+    count = mask.sum() if dim is None else mask.sum(dim=dim)
+    return masked_sum(x, mask, dim) / (count + 1e-8)
+
+
 def importance_weights(
     old: torch.Tensor,
     rollout: torch.Tensor,
     mask: torch.Tensor,
     *,
     level: str,
-    threshold: float,
+    threshold: float | str,
     batch_normalize: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated importance weights `min(w, threshold)` ([B, T], 0 on padding, detached) and their
-    statistics (on `w` before truncation, as verl's). `level` "token": `w_t = exp(lr_t)`;
-    "sequence": every token of a sequence takes `exp(sum_t lr_t)`. With `batch_normalize` the
-    truncated weights are divided by their mean (tokens, or sequences), so may exceed the cap."""
+    """Importance weights ([B, T], 0 on padding, detached) and their diagnostics, as verl's
+    `compute_rollout_correction_weights` and `compute_is_metrics` define them. `level` "token":
+    `w_t = exp(lr_t)`; "sequence": every token of a sequence takes `exp(sum_t lr_t)`. A number as
+    `threshold` caps the weights there (TIS); `"lower_upper"` sets those outside the band to 0
+    (IcePop, with `rollout_is_oob_ratio`). With `batch_normalize` the applied weights are divided
+    by their mean (tokens, or sequences). Which statistic reads the applied and which the raw
+    weights: docs/ALGORITHMS.md, "Rollout correction"."""
     if level not in ("token", "sequence"):
         raise ValueError(f"rollout_is must be 'token' or 'sequence', got {level!r}")
-    if threshold <= 0:
-        raise ValueError(f"rollout_is_threshold must be positive, got {threshold}")
+    upper, band_lower = parse_is_threshold(threshold)
     mask = mask.to(old.dtype)
+    if not mask.any():
+        raise ValueError("rollout correction needs at least one response token")
     lr = (old - rollout).detach()
-    seq_log = masked_sum(lr, mask, dim=-1)
     if level == "token":
-        log_w = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        log_ratio = lr
+        raw = torch.exp(lr.clamp(-SAFETY_BOUND, SAFETY_BOUND))
     else:
-        log_w = seq_log.clamp(-SAFETY_BOUND, SAFETY_BOUND).unsqueeze(-1).expand_as(lr)
-    weights = torch.exp(log_w) * mask
-    low = 1.0 / threshold
-    valid = mask > 0
-    metrics = {"rollout_is_mean": masked_mean(weights, mask)}
-    if level == "token":
-        metrics["rollout_is_max"] = weights[valid].max() if valid.any() else weights.new_zeros(())
-        metrics["rollout_is_min"] = weights[valid].min() if valid.any() else weights.new_zeros(())
-        metrics["rollout_is_ratio_fraction_high"] = masked_mean((weights > threshold).to(lr.dtype), mask)
-        metrics["rollout_is_ratio_fraction_low"] = masked_mean((weights < low).to(lr.dtype), mask)
+        log_ratio = masked_sum(lr, mask, dim=-1).unsqueeze(-1)
+        raw = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)).expand_as(lr)
+    raw = raw * mask
+    if band_lower is None:
+        applied = raw.clamp(max=upper)
     else:
-        metrics["rollout_is_max"] = torch.exp(seq_log.max().clamp(max=SAFETY_BOUND))
-        metrics["rollout_is_min"] = torch.exp(seq_log.min().clamp(min=-SAFETY_BOUND))
-        metrics["rollout_is_ratio_fraction_high"] = (
-            (seq_log > torch.log(torch.tensor(threshold))).to(lr.dtype).mean()
-        )
-        metrics["rollout_is_ratio_fraction_low"] = (
-            (seq_log < torch.log(torch.tensor(low))).to(lr.dtype).mean()
-        )
-    bounded = weights.clamp(low, threshold)
-    mean_b = masked_mean(bounded, mask)
+        applied = torch.where((raw >= band_lower) & (raw <= upper), raw, torch.zeros_like(raw))
+    lower = 1.0 / upper if band_lower is None else band_lower
+    metrics = {"rollout_is_mean": _vmean(applied, mask)}
+    if level == "sequence":
+        metrics["rollout_is_max"] = torch.exp(log_ratio.max().clamp(max=SAFETY_BOUND))
+        metrics["rollout_is_min"] = torch.exp(log_ratio.min())
+        metrics["rollout_is_ratio_fraction_high"] = (log_ratio > math.log(upper)).to(lr.dtype).mean()
+        metrics["rollout_is_ratio_fraction_low"] = (log_ratio < math.log(lower)).to(lr.dtype).mean()
+    else:
+        metrics["rollout_is_ratio_fraction_high"] = _vmean((raw > upper).to(lr.dtype), mask)
+        metrics["rollout_is_ratio_fraction_low"] = _vmean((raw < lower).to(lr.dtype), mask)
+        metrics["rollout_is_max"] = applied.masked_fill(mask == 0, float("-inf")).max()
+        metrics["rollout_is_min"] = applied.masked_fill(mask == 0, float("inf")).min()
+    bounded = applied.clamp(min=0.0, max=upper)
+    mean_b = _vmean(bounded, mask)
     metrics["rollout_is_std"] = (
-        torch.sqrt((masked_mean(bounded.square(), mask) - mean_b.square()).clamp(min=0))
+        torch.sqrt((_vmean(bounded.square(), mask) - mean_b.square()).clamp(min=0))
         if mask.sum() > 1
-        else weights.new_zeros(())
+        else lr.new_zeros(())
     )
-    normalised = bounded / (mean_b + 1e-8)
-    metrics["rollout_is_eff_sample_size"] = 1.0 / masked_mean(normalised.square(), mask)
-    per_seq = _seq_masked_mean(weights, mask)
+    metrics["rollout_is_eff_sample_size"] = 1.0 / _vmean((bounded / (mean_b + 1e-8)).square(), mask)
+    per_seq = _vmean(applied, mask, dim=-1)
     metrics["rollout_is_seq_mean"] = per_seq.mean()
     metrics["rollout_is_seq_std"] = per_seq.std() if per_seq.numel() > 1 else per_seq.new_zeros(())
     metrics["rollout_is_seq_max"] = per_seq.max()
     metrics["rollout_is_seq_min"] = per_seq.min()
     metrics["rollout_is_seq_max_deviation"] = (per_seq - 1).abs().max()
-    metrics["rollout_is_seq_fraction_high"] = (per_seq > threshold).to(lr.dtype).mean()
-    metrics["rollout_is_seq_fraction_low"] = (per_seq < low).to(lr.dtype).mean()
-    truncated = weights.clamp(max=threshold)
+    raw_per_seq = _vmean(raw, mask, dim=-1)
+    metrics["rollout_is_seq_fraction_high"] = (raw_per_seq > upper).to(lr.dtype).mean()
+    metrics["rollout_is_seq_fraction_low"] = (raw_per_seq < lower).to(lr.dtype).mean()
+    if band_lower is not None:
+        metrics["rollout_is_oob_ratio"] = _vmean(((raw < band_lower) | (raw > upper)).to(lr.dtype), mask)
     if batch_normalize:
         if level == "token":
-            factor = masked_mean(truncated, mask)
+            factor = _vmean(applied, mask)
         else:
-            has_tokens = mask.sum(dim=-1) > 0
-            factor = _seq_masked_mean(truncated, mask)[has_tokens].mean()
+            has_tokens = (mask.sum(dim=-1) > 0).to(lr.dtype)
+            factor = (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1e-8)
         if factor > 1e-8:
-            truncated = truncated / factor
+            applied = applied / factor
         else:
             factor = torch.ones(())
         metrics["rollout_is_batch_norm_factor"] = factor
-    return truncated.detach(), {PREFIX + name: float(value) for name, value in metrics.items()}
+    return applied.detach(), {PREFIX + name: float(value) for name, value in metrics.items()}
 
 
 def _statistic(lr: torch.Tensor, stat: str) -> torch.Tensor:

@@ -196,7 +196,7 @@ class _Run:
         self.correction = RolloutCorrection(cfg.algorithm.rollout_correction)
         self.total_steps = cfg.total_training_steps or cfg.total_epochs * len(self.sampler)
         self.rewards = RewardManager(
-            cfg.reward.timeout_s, cfg.reward.custom_fn, num_workers=cfg.reward.num_workers
+            cfg.reward.timeout_s, cfg.reward.custom_fn, num_workers=cfg.reward.num_workers, grader=cfg.reward.grader
         )
         self.max_tokens = response_budget(cfg)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -3,8 +3,8 @@ gsm8k) and a manager that scores batches without letting a bad reward stop the r
 
 from grpo_trainer.rewards import geo3k, gsm8k, math_answer  # noqa: F401  (registers the built-ins)
 from grpo_trainer.rewards.custom import CustomRewardError, load_custom_fn
-from grpo_trainer.rewards.geo3k import geo3k_score
-from grpo_trainer.rewards.gsm8k import gsm8k_score
+from grpo_trainer.rewards.geo3k import geo3k_score, geo3k_score_lenient
+from grpo_trainer.rewards.gsm8k import gsm8k_score, gsm8k_score_lenient
 from grpo_trainer.rewards.manager import RewardItem, RewardManager, RewardResult
 from grpo_trainer.rewards.math_answer import answers_match, last_boxed, math_score, normalize_answer
 from grpo_trainer.rewards.registry import (
@@ -25,8 +25,10 @@ __all__ = [
     "UnknownDataSourceError",
     "answers_match",
     "geo3k_score",
+    "geo3k_score_lenient",
     "get_reward_fn",
     "gsm8k_score",
+    "gsm8k_score_lenient",
     "last_boxed",
     "load_custom_fn",
     "math_score",

@@ -1,5 +1,8 @@
-"""GSM8K-style reward: the number after the first `#### ` in the response equals the ground truth
-(commas and `$` dropped; numerically equal also counts, e.g. "18.0" for "18"). No "####": 0."""
+"""GSM8K reward. Grader "verl" (the default), verl's `gsm8k.compute_score` (strict): within the
+last 300 characters, the last `#### <number>` with commas dropped equals the ground truth as
+written (`#### 72.0` for "72" scores 0); no `####`: 0. Grader "lenient": the first `#### ` number
+also counts when numerically equal ("72.0" for "72"), and a raw GSM8K solution as ground truth is
+read after its `####`."""
 
 from __future__ import annotations
 
@@ -12,6 +15,15 @@ from grpo_trainer.rewards.registry import register
 
 GSM8K_SOURCES = ("openai/gsm8k",)
 _ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+_TAIL_CHARS = 300  # verl reads only the end of a response (a 300-token answer fits)
+
+
+@register(*GSM8K_SOURCES)
+def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> float:
+    answers = _ANSWER.findall(solution_str[-_TAIL_CHARS:])
+    if not answers:
+        return 0.0
+    return 1.0 if answers[-1].replace(",", "").replace("$", "") == ground_truth else 0.0
 
 
 def extract_gsm8k_answer(solution_str: str) -> str | None:
@@ -26,8 +38,8 @@ def _clean(value: Any) -> str:
     return text.replace(",", "").replace("$", "").strip().rstrip(".")
 
 
-@register(*GSM8K_SOURCES)
-def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> float:
+@register(*GSM8K_SOURCES, grader="lenient")
+def gsm8k_score_lenient(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> float:
     answer = extract_gsm8k_answer(solution_str)
     if answer is None:
         return 0.0

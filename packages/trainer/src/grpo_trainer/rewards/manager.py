@@ -19,7 +19,7 @@ import structlog
 from grpo_trainer.rewards.custom import load_custom_fn
 from grpo_trainer.rewards.isolation import FunctionLoadError, Outcome, ProcessRunner, ThreadRunner
 from grpo_trainer.rewards.protocol import describe_error
-from grpo_trainer.rewards.registry import RewardFn, UnknownDataSourceError, get_reward_fn
+from grpo_trainer.rewards.registry import Grader, RewardFn, UnknownDataSourceError, get_reward_fn
 
 log = structlog.get_logger()
 
@@ -73,7 +73,8 @@ class AllRewardsFailedError(ValueError):
 
 class RewardManager:
     """`isolation="process"` runs rewards in worker processes (a hung one is killed);
-    functions that cannot be pickled by reference fall back to daemon threads."""
+    functions that cannot be pickled by reference fall back to daemon threads. `grader` picks the
+    built-in rewards' grading (`registry`: "verl" or "lenient")."""
 
     def __init__(
         self,
@@ -82,12 +83,14 @@ class RewardManager:
         *,
         num_workers: int = 1,
         isolation: Literal["process", "thread"] = "process",
+        grader: Grader = "verl",
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"reward timeout_s must be > 0, got {timeout_s}")
         if isolation not in ("process", "thread"):
             raise ValueError(f"isolation must be 'process' or 'thread', got {isolation!r}")
         self.timeout_s = float(timeout_s)
+        self.grader = grader
         self._custom = load_custom_fn(custom_fn) if isinstance(custom_fn, str) else custom_fn
         self._threads = ThreadRunner(num_workers=num_workers)
         self._processes = ProcessRunner(num_workers=num_workers) if isolation == "process" else None
@@ -99,7 +102,7 @@ class RewardManager:
         if self._custom is not None:
             return self._custom
         try:
-            return get_reward_fn(data_source)
+            return get_reward_fn(data_source, self.grader)
         except UnknownDataSourceError as exc:
             if data_source not in self._warned_sources:
                 self._warned_sources.add(data_source)

@@ -1,4 +1,6 @@
-"""Rule-based math answers: the last `\\boxed{...}` of a response, compared with the ground truth.
+"""Rule-based math answers: the last `\\boxed{...}` of a response, compared with the ground truth
+(grader "lenient"); the data sources' default, verl-equal checks are `hendrycks_math` (MATH) and
+`minerva_math` (DAPO-Math, AIME).
 
 Equivalence uses math-verify (symbolic) when it is importable, else (and in addition) a
 normalised string comparison with a numeric check. math-verify's own signal-based timeouts are
@@ -12,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from grpo_trainer.rewards.hendrycks_math import hendrycks_math_score
+from grpo_trainer.rewards.minerva_math import minerva_math_score
 from grpo_trainer.rewards.registry import register
 
 try:  # imported here, not on first call, so its import time never counts against a timeout
@@ -20,6 +24,7 @@ except ImportError:
     _math_verify = None
 
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
@@ -118,8 +123,16 @@ def answers_match(prediction: str, ground_truth: Any, *, use_math_verify: bool =
     return use_math_verify and _math_verify_equal(prediction, str(ground_truth))
 
 
-@register(*MATH_SOURCES)
+# verl's scoring of the MATH sources (the default grader) and of DAPO-Math and AIME.
+register(*MATH_SOURCES)(hendrycks_math_score)
+register(*DAPO_SOURCES)(minerva_math_score)
+register("aime", prefix=True)(minerva_math_score)
+
+
+@register(*MATH_SOURCES, *DAPO_SOURCES, grader="lenient")
+@register("aime", grader="lenient", prefix=True)
 def math_score(solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> float:
-    """1.0 when the last boxed answer matches the ground truth, else 0.0 (no box: 0.0)."""
+    """Grader "lenient": 1.0 when the last boxed answer matches the ground truth by grpo's broader
+    matching, else 0.0 (no box: 0.0)."""
     answer = last_boxed(solution_str)
     return 1.0 if answer is not None and answers_match(answer, ground_truth) else 0.0

@@ -1,17 +1,25 @@
-"""Reward functions keyed by `data_source`.
+"""Reward functions keyed by `data_source`, per grader.
 
 A reward function is `fn(solution_str, ground_truth, extra_info) -> float` (a bool, an int or a
 mapping with a "score" key are accepted too). Register one with `@register("my/source", ...)`.
+
+Graders (`reward.grader`): "verl" scores each built-in data source as verl's
+`default_compute_score` does; "lenient" picks a function registered with `grader="lenient"` for
+the source (grpo's broader answer matching), else the source's "verl" one. A source may also be
+registered by prefix (`prefix=True`: verl scores every `aime*` source with its DAPO rule).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 RewardFn = Callable[[str, Any, Mapping[str, Any] | None], Any]
+Grader = Literal["verl", "lenient"]
+GRADERS: tuple[Grader, ...] = ("verl", "lenient")
 
-_REGISTRY: dict[str, RewardFn] = {}
+_REGISTRY: dict[Grader, dict[str, RewardFn]] = {grader: {} for grader in GRADERS}
+_PREFIXES: dict[Grader, dict[str, RewardFn]] = {grader: {} for grader in GRADERS}
 
 
 class UnknownDataSourceError(ValueError):
@@ -26,38 +34,53 @@ def _same_function(a: RewardFn, b: RewardFn) -> bool:
     )
 
 
-def register(*data_sources: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering a reward function for one or more data sources."""
+def register(*data_sources: str, grader: Grader = "verl", prefix: bool = False) -> Callable[[RewardFn], RewardFn]:
+    """Decorator registering a reward function for one or more data sources (or source prefixes)."""
     if not data_sources or not all(isinstance(s, str) and s for s in data_sources):
         raise ValueError(f"register() needs one or more non-empty data source names, got {data_sources!r}")
+    if grader not in GRADERS:
+        raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
+    table = (_PREFIXES if prefix else _REGISTRY)[grader]
 
     def decorator(fn: RewardFn) -> RewardFn:
         for source in data_sources:
-            existing = _REGISTRY.get(source)
+            existing = table.get(source)
             if existing is not None and not _same_function(existing, fn):
                 raise ValueError(
                     f"data source {source!r} already has reward function {existing.__qualname__} "
                     f"({existing.__module__}); call unregister({source!r}) first to replace it"
                 )
-            _REGISTRY[source] = fn
+            table[source] = fn
         return fn
 
     return decorator
 
 
 def unregister(data_source: str) -> None:
-    _REGISTRY.pop(data_source, None)
+    for grader in GRADERS:
+        _REGISTRY[grader].pop(data_source, None)
+        _PREFIXES[grader].pop(data_source, None)
 
 
-def get_reward_fn(data_source: str) -> RewardFn:
-    fn = _REGISTRY.get(data_source)
+def _lookup(data_source: str, grader: Grader) -> RewardFn | None:
+    fn = _REGISTRY[grader].get(data_source)
+    if fn is not None:
+        return fn
+    for start, candidate in _PREFIXES[grader].items():
+        if data_source.startswith(start):
+            return candidate
+    return None
+
+
+def get_reward_fn(data_source: str, grader: Grader = "verl") -> RewardFn:
+    fn = (_lookup(data_source, "lenient") if grader == "lenient" else None) or _lookup(data_source, "verl")
     if fn is None:
         raise UnknownDataSourceError(
-            f"no reward function for data_source {data_source!r}; known: {sorted(_REGISTRY)}. "
+            f"no reward function for data_source {data_source!r}; known: {registered_sources()}. "
             "Register one with grpo_trainer.rewards.register or set reward.custom_fn='pkg.module:function'"
         )
     return fn
 
 
 def registered_sources() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY["verl"], *_REGISTRY["lenient"], *(f"{p}*" for p in _PREFIXES["verl"])})
