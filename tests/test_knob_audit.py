@@ -272,7 +272,12 @@ READ: dict[str, tuple[str, ...]] = {
     "data.gen_batch_size": (DYNAMIC, ALGO_TRAIN),
     "algorithm.overlong_filter": (CORRECTION, ALGO_TRAIN),
     "algorithm.rollout_correction.rollout_is": (CORRECTION, f"{TRAINER}/test_rollout_correction.py::test_correction_applies_weights_and_mask_from_the_config", ALGO_TRAIN),
-    "algorithm.rollout_correction.rollout_is_threshold": (CORRECTION, f"{TRAINER}/test_rollout_correction.py::test_correction_applies_weights_and_mask_from_the_config"),
+    "algorithm.rollout_correction.rollout_is_threshold": (
+        CORRECTION,
+        f"{TRAINER}/test_rollout_correction.py::test_correction_applies_weights_and_mask_from_the_config",
+        f"{TRAINER}/test_rollout_correction.py::test_an_icepop_band_from_the_config_zeroes_the_weights_outside_it",
+        f"{TRAINER}/test_rollout_correction.py::test_weights_and_diagnostics_equal_verl_s_helper",
+    ),
     "algorithm.rollout_correction.rollout_is_batch_normalize": (
         f"{TRAINER}/test_rollout_correction.py::test_correction_applies_weights_and_mask_from_the_config",
         f"{TRAINER}/test_rollout_correction.py::test_truncated_weights_and_their_statistics",

@@ -4,7 +4,9 @@ statistics, rejection masks (every scope and statistic), and the mismatch diagno
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,3 +230,59 @@ def test_correction_applies_weights_and_mask_from_the_config() -> None:
     assert torch.equal(fix.is_weights, expected_weights)
     assert torch.equal(fix.response_mask, expected_mask)
     assert P + "rollout_is_mean" in fix.metrics and P + "rollout_rs_masked_fraction" in fix.metrics
+
+
+def test_an_icepop_band_from_the_config_zeroes_the_weights_outside_it() -> None:
+    """rollout_is_threshold="lower_upper" (verl's IcePop), as a user writes it in an override:
+    token weights inside [lower, upper] stay, those outside become 0 and are counted."""
+    import grpo_config
+
+    cfg = grpo_config.load(
+        None, ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0.5_2"]
+    )
+    assert cfg.algorithm.rollout_correction.rollout_is_threshold == "0.5_2"  # a band, not PEP 515's 0.52
+    old, rollout, mask = _batch(seed=4)
+    fix = RolloutCorrection(cfg.algorithm.rollout_correction).apply(old, rollout, mask)
+    raw = torch.exp(old - rollout)
+    inside = (raw >= 0.5) & (raw <= 2.0) & (mask > 0)
+    torch.testing.assert_close(fix.is_weights, torch.where(inside, raw, torch.zeros_like(raw)))
+    outside = ((~inside) & (mask > 0)).sum() / mask.sum()
+    assert 0 < outside < 1 and fix.metrics[P + "rollout_is_oob_ratio"] == pytest.approx(float(outside))
+    with pytest.raises(grpo_config.ConfigError, match="the lower bound is above the upper one"):
+        grpo_config.load(None, ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=3_1"])
+
+
+VERL_CASES = Path(__file__).resolve().parents[3] / "tests" / "data" / "verl_rollout_corr" / "cases.json"
+
+
+def _verl_cases() -> list[dict]:
+    return json.loads(VERL_CASES.read_text())["cases"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    _verl_cases(),
+    ids=lambda c: f"{c['rollout_is']}-{c['rollout_is_threshold']}-norm{c['rollout_is_batch_normalize']}",
+)
+def test_weights_and_diagnostics_equal_verl_s_helper(case: dict) -> None:
+    """Against values verl's own `compute_rollout_correction_weights` (1dda039b9) returned for the
+    same float64 log-probs (tests/data/verl_rollout_corr: TIS caps, IcePop bands, batch
+    normalisation, a one-token and an all-padding row): the weights and every diagnostic within
+    1e-9, none missing and none extra."""
+    inputs = json.loads(VERL_CASES.read_text())["inputs"]
+    old = torch.tensor(inputs["old_log_probs"], dtype=torch.float64)
+    rollout = torch.tensor(inputs["rollout_log_probs"], dtype=torch.float64)
+    mask = torch.tensor(inputs["response_mask"], dtype=torch.float64)
+    weights, metrics = importance_weights(
+        old,
+        rollout,
+        mask,
+        level=case["rollout_is"],
+        threshold=case["rollout_is_threshold"],
+        batch_normalize=case["rollout_is_batch_normalize"],
+    )
+    np.testing.assert_allclose(weights.numpy(), np.array(case["weights"]), rtol=0, atol=1e-9)
+    ours = {name.removeprefix(P): value for name, value in metrics.items()}
+    assert set(ours) == set(case["metrics"])
+    for name, expected in case["metrics"].items():
+        assert ours[name] == pytest.approx(expected, abs=1e-9, rel=1e-9), name

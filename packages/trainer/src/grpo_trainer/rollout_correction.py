@@ -87,7 +87,7 @@ def importance_weights(
     `threshold` caps the weights there (TIS); `"lower_upper"` sets those outside the band to 0
     (IcePop, with `rollout_is_oob_ratio`). With `batch_normalize` the applied weights are divided
     by their mean (tokens, or sequences). Which statistic reads the applied and which the raw
-    weights: docs/ALGORITHMS.md, "Rollout correction"."""
+    weights: packages/trainer/README.md, "rollout correction"."""
     if level not in ("token", "sequence"):
         raise ValueError(f"rollout_is must be 'token' or 'sequence', got {level!r}")
     upper, band_lower = parse_is_threshold(threshold)
