@@ -4,7 +4,7 @@ through the rollout engine's weight sync.
 
 Cross-package: the Megatron model is built with grpo_trainer's provider settings and its local
 (non transformer_engine) block spec, the way the Megatron backend builds it. CPU-only test patches,
-as FACTS.md describes: `torch.cuda.current_device` answers with the CPU device (megatron-core's
+as docs/FACTS.md describes: `torch.cuda.current_device` answers with the CPU device (megatron-core's
 GatedDeltaNet and MoE layers ask for it even with CPU initialisation) and the token dispatcher is
 `allgather` (alltoall creates a CUDA stream).
 """

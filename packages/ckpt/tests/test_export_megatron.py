@@ -4,7 +4,7 @@ Run with `hatch run test`; skipped where megatron-bridge is not installed. Tiny 
 bf16 models; the Megatron side uses the local (non transformer_engine) layer spec, since TE is not
 installed. For Qwen3-MoE, `torch.cuda.current_device` is redirected to the CPU device while the
 model is built and exported (a test-only patch: megatron-core's MoE layers ask for the CUDA device
-even with CPU initialisation; see /work/shared/FACTS.md).
+even with CPU initialisation; see docs/FACTS.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Qwen3.5's real checkpoints are vision-language (`Qwen3_5MoeForConditionalGeneration`: the language
 model under `model.language_model.*`, a vision tower under `model.visual.*`). Megatron-Bridge's
-vision-language bridge builds its vision encoder from TransformerEngine layers only (FACTS.md), so
+vision-language bridge builds its vision encoder from TransformerEngine layers only (docs/FACTS.md), so
 the Megatron backend builds the language model through the text-only bridge, which reads the same
 safetensors files through a renaming view (nothing is copied), and runs transformers' vision tower
 in front of it (`vision_tower`). The view shows the language model under text-only names and the

@@ -2,7 +2,7 @@
 Megatron language model.
 
 Megatron-Bridge's Qwen3.5 VL model builds its vision encoder from TransformerEngine layers only
-(FACTS.md), so the tower here is transformers' own module (`model.visual` of the checkpoint), made a
+(docs/FACTS.md), so the tower here is transformers' own module (`model.visual` of the checkpoint), made a
 submodule of the first pipeline stage's GPTModel before Megatron wraps it. It is then one model for
 Megatron: bf16 like the rest, its gradients in the DDP buffers, its weights in the (distributed)
 optimizer, in the gradient norm and clip, offloaded with the rest. The bridge loads and exports it
