@@ -18,11 +18,9 @@ def _torch_kernels_for_cpu_tensors() -> None:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray cluster of 2 CPUs for the module's Ray workers (one already running is kept)."""
-    import ray
-
-    from grpo_trainer.worker_group import ensure_ray
+    from grpo_trainer.worker_group import ensure_ray, shutdown_ray
 
     started = ensure_ray(num_cpus=2)
     yield
     if started:
-        ray.shutdown()
+        shutdown_ray()  # and its reaper

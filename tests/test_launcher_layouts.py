@@ -132,6 +132,9 @@ def test_layout_of_the_35b_gpu_profile_trains_a_step(gpu_profile_run: dict[str, 
     manifest = json.loads((step_dir / "manifest.json").read_text())
     assert manifest["world_size"] == 8 and manifest["hf_export"]["status"] == "ok"
     assert json.loads((step_dir / "trainer_state.json").read_text())["parallel_layout"]["ep"] == 8
+    # The model's own configuration beside the state, as the checkpoint layout documents (megatron-core's).
+    model_config = json.loads((step_dir / "transformer_config.json").read_text())
+    assert (model_config["tensor_model_parallel_size"], model_config["expert_model_parallel_size"]) == (2, 8)
 
 
 @pytest.mark.timeout(2400)

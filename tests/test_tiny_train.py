@@ -70,6 +70,8 @@ def test_run_writes_checkpoints_metrics_tensorboard_and_plot(run_a) -> None:
     assert (result.checkpoint_dir / "latest").read_text().strip() == "global_step_6"
     state = json.loads((result.checkpoint_dir / "global_step_6" / "trainer_state.json").read_text())
     assert state["global_step"] == STEPS
+    model_config = json.loads((result.checkpoint_dir / "global_step_6" / "transformer_config.json").read_text())
+    assert model_config["model_type"].startswith("qwen3")  # the policy's own (HF) config
     # ppo_mini_batch_size=4 of train_batch_size=8 prompts, ppo_epochs=1: two optimizer steps a step.
     from grpo_ckpt import CheckpointManager
 

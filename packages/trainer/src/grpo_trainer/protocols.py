@@ -135,6 +135,11 @@ class PolicyBackend(Protocol):
         """HF-named full tensors, for rollout weight sync and HF export."""
         ...
 
+    def model_config(self) -> Any:
+        """The model's own configuration (HF config, or megatron-core's TransformerConfig), saved
+        with each checkpoint as `transformer_config.json`."""
+        ...
+
     def export_hf(self, path: str, *, strict: bool) -> Any:
         """Hugging Face safetensors of the current weights under `path`; returns grpo_ckpt's
         `ExportReport` (expected vs written keys). Collective: every rank calls it."""

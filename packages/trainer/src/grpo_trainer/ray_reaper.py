@@ -54,7 +54,11 @@ def start_reaper() -> subprocess.Popen[bytes] | None:
     if not Path("/proc/self/stat").exists():
         return None
     me = os.getpid()
-    ray_pids = [pid for pid in descendants(me) if b"ray" in (_cmdline(pid) or b"")]
+    ray_pids = [
+        pid
+        for pid in descendants(me)
+        if b"ray" in (cmd := _cmdline(pid) or b"") and b"ray_reaper" not in cmd  # an earlier watcher is no Ray process
+    ]
     if not ray_pids:
         return None
     return subprocess.Popen(

@@ -195,7 +195,7 @@ class PolicyWorker:
             contents=ckpt.save_contents,
             trainer_state=trainer_state,
             dataloader_state=dataloader_state,
-            transformer_config=getattr(getattr(actor.backend, "module", None), "config", None),
+            transformer_config=actor.backend.model_config(),
         )
         if ckpt.export_hf:
             self._export_hf_into(path, strict=ckpt.strict)

@@ -177,6 +177,9 @@ class TorchBackend:
         for name, tensor in self.module.state_dict().items():
             yield name, tensor.detach()
 
+    def model_config(self) -> Any:
+        return self.module.config
+
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
 

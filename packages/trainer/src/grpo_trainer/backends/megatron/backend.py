@@ -249,6 +249,12 @@ class MegatronBackend:
         """HF-named full tensors through the bridge (gathered over TP/PP/EP on every rank)."""
         yield from self.policy.bridge.export_hf_weights(self.model, cpu=False, show_progress=False)
 
+    def model_config(self) -> Any:
+        """megatron-core's TransformerConfig the chunks were built with."""
+        from megatron.core.utils import get_model_config
+
+        return get_model_config(self.model[0])
+
     def export_hf(self, path: str, *, strict: bool) -> Any:
         """HF safetensors through Megatron-Bridge `save_hf_weights(strict=...)`, with grpo_ckpt's
         expected-vs-written key report."""
