@@ -78,10 +78,41 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("text_config") or config
 
 
+COUNTS_FILE = "model_counts.json"  # beside a shipped config.json: its counts, keyed by its hash
+
+
+def _config_hash(directory: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
+
+
+def write_counts(directory: Path) -> Path:
+    """Store `directory`'s counts beside its config.json (a launcher's shipped architecture), so a
+    plan reads them without building the model (transformers and its kernel libraries take seconds
+    to import). Regenerate: `python -c "from grpo_trainer.memory_plan import write_counts; ..."`,
+    or the test that checks them prints what to run."""
+    counts = _counted(str(directory))
+    path = directory / COUNTS_FILE
+    path.write_text(json.dumps({"config_sha256": _config_hash(directory), "counts": dataclasses.asdict(counts)}, indent=1) + "\n")
+    return path
+
+
 @functools.lru_cache(maxsize=8)
 def model_counts(model_path: str | Path) -> ModelCounts:
-    """Counts from the checkpoint's config.json (transformers on the meta device); cached, as a dry
-    run plans in two places (the printed plan and its warnings)."""
+    """Counts from the checkpoint's config.json (transformers on the meta device), or from the
+    `model_counts.json` beside it when that was written for this very config.json; cached, as a
+    dry run plans in two places (the printed plan and its warnings)."""
+    directory = Path(model_path)
+    stored = directory / COUNTS_FILE
+    if stored.is_file():
+        record = json.loads(stored.read_text())
+        if record.get("config_sha256") == _config_hash(directory):
+            return ModelCounts(**record["counts"])
+    return _counted(str(directory))
+
+
+def _counted(model_path: str) -> ModelCounts:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 

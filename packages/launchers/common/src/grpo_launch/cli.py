@@ -26,6 +26,7 @@ import grpo_config
 from grpo_config import ConfigError
 from grpo_launch.config_file import ConfigFile, read_config_file
 from grpo_launch.dry_run import render_dry_run
+from grpo_launch.errors import LaunchError
 from grpo_launch.failure import EXIT_BUG, EXIT_USAGE, describe, one_line
 from grpo_launch.logging_setup import LOG_LEVELS, configure_logging, worker_runtime_env
 from grpo_launch.plan import TINY_PRESETS, LaunchPlan, device_from_cli, plan_full, plan_tiny, tiny_output_dir
@@ -74,6 +75,19 @@ def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
         "call's overrides, over the launcher's own; key=value overrides go over the script's",
     )
     parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="list the parallel layouts that fit the cluster (--nodes, --devices-per-node, --device-memory-gib), "
+        "ranked by estimated step time, with the overrides of the best; starts nothing",
+    )
+    parser.add_argument("--nodes", type=int, default=None, help="--plan: nodes (default: the profile's)")
+    parser.add_argument(
+        "--devices-per-node", type=int, default=None, help="--plan: devices per node (default: the profile's)"
+    )
+    parser.add_argument(
+        "--device-memory-gib", type=float, default=None, help="--plan: memory per device (default: the device's)"
+    )
+    parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         default=None,
@@ -109,6 +123,17 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
         return EXIT_USAGE
     if args.log_level is not None:
         args.overrides = [*args.overrides, f"logging.level={args.log_level}"]
+    if args.plan:
+        return _plan_layouts(profile, args)
+    planning_only = [f for f, v in (("--nodes", args.nodes), ("--devices-per-node", args.devices_per_node),
+                                    ("--device-memory-gib", args.device_memory_gib)) if v is not None]
+    if planning_only:
+        print(
+            f"error: {', '.join(planning_only)} describe the cluster --plan plans for; a launch takes its size "
+            "from device.nnodes / device.devices_per_node (NNODES) and device.memory_gib. Add --plan, or set those.",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     # The level asked for on the command line from the start (a verl script is read, planning may
     # build the tiny preset); the resolved config's, once it is known.
     level = _asked_level(args.overrides)
@@ -186,6 +211,40 @@ def verl_script_overrides(script: Path) -> list[str]:
     if conversion.inert:  # lines that do nothing, in verl as here: said once, left out of the settings
         log.warning("config.ignored", settings=dict(conversion.inert))
     return list(conversion.accepted)
+
+
+def _plan_layouts(profile: LaunchProfile, args: argparse.Namespace) -> int:
+    """`--plan`: the profile's launch on the cluster the flags name, searched over layouts."""
+    from grpo_launch.cost_model import device_spec
+    from grpo_launch.layout_planner import render, search
+    from grpo_trainer.plan_config import choose_plan_config
+
+    if args.preset != "full":
+        print("error: --plan plans the full run's layout; drop --preset", file=sys.stderr)
+        return EXIT_USAGE
+    for flag, value in (("--nodes", args.nodes), ("--devices-per-node", args.devices_per_node)):
+        if value is not None and value < 1:
+            print(f"error: {flag} must be >= 1, got {value}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.device_memory_gib is not None and args.device_memory_gib <= 0:
+        print(f"error: --device-memory-gib must be > 0, got {args.device_memory_gib}", file=sys.stderr)
+        return EXIT_USAGE
+    cluster = [f"device.nnodes={args.nodes}"] if args.nodes else []
+    cluster += [f"device.devices_per_node={args.devices_per_node}"] if args.devices_per_node else []
+    args.overrides = [*cluster, *args.overrides]
+    args.dry_run = True  # planning inspects, like a dry run: DEVICE is taken at its word
+    try:
+        plan = plan_launch(profile, args)
+    except (LaunchError, grpo_config.ConfigError) as exc:
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    model_dir = choose_plan_config(plan.config.actor.model_path, plan.architecture).directory
+    if model_dir is None:
+        print(f"error: no model config to plan from (actor.model_path={plan.config.actor.model_path})", file=sys.stderr)
+        return EXIT_USAGE
+    spec = device_spec(plan.device, memory_gib=args.device_memory_gib)
+    sys.stdout.write(render(search(plan.config, model_dir, spec)))
+    return 0
 
 
 def _hold_output_dir(
