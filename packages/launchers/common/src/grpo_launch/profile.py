@@ -28,6 +28,9 @@ SHARED_RECIPE_DIFFERENCES: Mapping[str, str] = {
     "experiment_name": "grpo's run names: they name the output folder and the TensorBoard run",
     "actor.trust_remote_code": "Qwen3.5 is a transformers class (>= 5): no remote code is run",
     "checkpoint.dir": "the launcher puts checkpoints under --output-dir (<output-dir>/checkpoints)",
+    "logging.wandb": "the seeds log to Weights & Biases (trainer.logger 'wandb'), which needs an account and the "
+    "network; the launchers log to the console, metrics.jsonl and TensorBoard, and logging.wandb=true adds W&B",
+    "logging.tensorboard": "TensorBoard stands in for the seeds' Weights & Biases dashboard: it needs no account",
 }
 MINDSPEED_OPTIONS = (
     "use_flash_attn / use_naive_l2norm are MindSpeed options, not megatron-core TransformerConfig "
