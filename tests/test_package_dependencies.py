@@ -10,7 +10,7 @@ the distribution that provides it: a package of this workspace (from the pyproje
 
 Then:
 - every imported distribution is declared, in `dependencies`, or in `[project.optional-dependencies]`
-  when it is one of the optional stacks (`OPTIONAL_STACKS`: Megatron, vLLM, Ascend, math-verify);
+  when it is one of the optional stacks (`OPTIONAL_STACKS`: Megatron, vLLM, Ascend, math-verify, W&B);
 - every declared distribution (dependencies and extras alike) is imported somewhere in that src.
 Names are compared PEP 503-normalised; version specifiers are not checked.
 
@@ -60,8 +60,14 @@ NOT_INSTALLED: dict[str, tuple[str, ...]] = {
 # Distributions that may be declared in an extra only; everything else imported belongs in `dependencies`.
 OPTIONAL_STACKS = frozenset(
     re.sub(r"[-_.]+", "-", dist).lower() for dists in NOT_INSTALLED.values() for dist in dists
-) | {"triton"}  # installed here (with torch's stack), imported only on CUDA by the Megatron backend's kernels
-IMPLIED: dict[str, tuple[str, ...]] = {"torch.utils.tensorboard": ("tensorboard",)}
+) | {
+    "triton",  # installed here (with torch's stack), imported only on CUDA by the Megatron backend's kernels
+    "wandb",  # installed here, imported only with logging.wandb (the trainer's [wandb] extra)
+}
+IMPLIED: dict[str, tuple[str, ...]] = {
+    "torch.utils.tensorboard": ("tensorboard",),
+    "mathruler.grader": ("sympy", "pylatexenc"),  # mathruler declares no dependencies
+}
 
 
 def normalise(name: str) -> str:
