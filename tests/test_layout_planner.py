@@ -127,3 +127,18 @@ def test_the_cluster_flags_without_plan_are_refused(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2 and "--nodes describe the cluster --plan plans for" in done.stderr
+
+
+def test_the_interconnect_the_user_names_changes_the_estimate() -> None:
+    """--inter-node-gbs: an expert-parallel group across nodes is priced at the named bandwidth."""
+    from grpo_launch.cost_model import device_spec
+    from grpo_launch_qwen35_122b.profile import PROFILE
+
+    from grpo_trainer.memory_plan import model_counts
+
+    counts = model_counts(str(PROFILE.architecture))
+    cfg = apply(grpo_config.load(PROFILE.config_for("gpu"), num_experts=256), Layout(2, 1, 16, 8, True, True))
+    slow = estimate(cfg, counts, device_spec("gpu"), per_node=8)
+    fast = estimate(cfg, counts, device_spec("gpu", inter_node_gbs=100.0), per_node=8)
+    assert fast["update"] < slow["update"] and fast["rollout"] == slow["rollout"]
+    assert device_spec("gpu", intra_node_gbs=900.0).intra_node_gbs == 900.0

@@ -88,6 +88,12 @@ def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
         "--device-memory-gib", type=float, default=None, help="--plan: memory per device (default: the device's)"
     )
     parser.add_argument(
+        "--intra-node-gbs", type=float, default=None, help="--plan: NVLink / HCCS GB/s per device and direction"
+    )
+    parser.add_argument(
+        "--inter-node-gbs", type=float, default=None, help="--plan: InfiniBand / RoCE GB/s per device and direction"
+    )
+    parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         default=None,
@@ -126,7 +132,9 @@ def run_launcher(profile: LaunchProfile, argv: Sequence[str] | None = None) -> i
     if args.plan:
         return _plan_layouts(profile, args)
     planning_only = [f for f, v in (("--nodes", args.nodes), ("--devices-per-node", args.devices_per_node),
-                                    ("--device-memory-gib", args.device_memory_gib)) if v is not None]
+                                    ("--device-memory-gib", args.device_memory_gib),
+                                    ("--intra-node-gbs", args.intra_node_gbs),
+                                    ("--inter-node-gbs", args.inter_node_gbs)) if v is not None]
     if planning_only:
         print(
             f"error: {', '.join(planning_only)} describe the cluster --plan plans for; a launch takes its size "
@@ -226,9 +234,14 @@ def _plan_layouts(profile: LaunchProfile, args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             print(f"error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return EXIT_USAGE
-    if args.device_memory_gib is not None and args.device_memory_gib <= 0:
-        print(f"error: --device-memory-gib must be > 0, got {args.device_memory_gib}", file=sys.stderr)
-        return EXIT_USAGE
+    for flag, value in (
+        ("--device-memory-gib", args.device_memory_gib),
+        ("--intra-node-gbs", args.intra_node_gbs),
+        ("--inter-node-gbs", args.inter_node_gbs),
+    ):
+        if value is not None and value <= 0:
+            print(f"error: {flag} must be > 0, got {value}", file=sys.stderr)
+            return EXIT_USAGE
     cluster = [f"device.nnodes={args.nodes}"] if args.nodes else []
     cluster += [f"device.devices_per_node={args.devices_per_node}"] if args.devices_per_node else []
     args.overrides = [*cluster, *args.overrides]
@@ -242,7 +255,12 @@ def _plan_layouts(profile: LaunchProfile, args: argparse.Namespace) -> int:
     if model_dir is None:
         print(f"error: no model config to plan from (actor.model_path={plan.config.actor.model_path})", file=sys.stderr)
         return EXIT_USAGE
-    spec = device_spec(plan.device, memory_gib=args.device_memory_gib)
+    spec = device_spec(
+        plan.device,
+        memory_gib=args.device_memory_gib,
+        intra_node_gbs=args.intra_node_gbs,
+        inter_node_gbs=args.inter_node_gbs,
+    )
     sys.stdout.write(render(search(plan.config, model_dir, spec)))
     return 0
 

@@ -67,6 +67,14 @@ def update_mfu(hidden: int) -> float:
     return m0 + share * (m1 - m0)
 
 
-def device_spec(kind: str, *, memory_gib: float | None = None) -> DeviceSpec:
-    spec = DEVICES[kind]
-    return spec if memory_gib is None else replace(spec, memory_gib=memory_gib)
+def device_spec(
+    kind: str,
+    *,
+    memory_gib: float | None = None,
+    intra_node_gbs: float | None = None,
+    inter_node_gbs: float | None = None,
+) -> DeviceSpec:
+    """The device's defaults, with what the user named (`--device-memory-gib`, `--intra-node-gbs`,
+    `--inter-node-gbs`) over them."""
+    given = {"memory_gib": memory_gib, "intra_node_gbs": intra_node_gbs, "inter_node_gbs": inter_node_gbs}
+    return replace(DEVICES[kind], **{k: v for k, v in given.items() if v is not None})
