@@ -133,7 +133,6 @@ def test_the_interconnect_the_user_names_changes_the_estimate() -> None:
     """--inter-node-gbs: an expert-parallel group across nodes is priced at the named bandwidth."""
     from grpo_launch.cost_model import device_spec
     from grpo_launch_qwen35_122b.profile import PROFILE
-
     from grpo_trainer.memory_plan import model_counts
 
     counts = model_counts(str(PROFILE.architecture))
