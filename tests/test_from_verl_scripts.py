@@ -139,6 +139,18 @@ def test_a_file_of_overrides_is_read_as_lines_not_run() -> None:
     assert not is_override_file("set -x\npython3 -m verl.trainer.main_ppo data.x=1\n")
 
 
+def _launch(*argv: str, home: Path, launcher: str = "grpo-launch-35b", **env: str) -> subprocess.CompletedProcess[str]:
+    """The installed launcher, as a user runs it: no DEVICE from this machine, HOME a scratch folder."""
+    return subprocess.run(
+        [str(Path(sys.executable).with_name(launcher)), *argv],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "DEVICE"} | {"HOME": str(home), **env},
+        timeout=180,
+        check=False,
+    )
+
+
 def test_the_command_line_prints_yaml_for_a_real_script(tmp_path: Path) -> None:
     script = SCRIPTS / "run_qwen3moe-30b_megatron_96gb.sh"
     done = subprocess.run(
@@ -155,27 +167,11 @@ def test_the_command_line_prints_yaml_for_a_real_script(tmp_path: Path) -> None:
     assert done.stderr.count("config.deprecated_key") == 1
     run = tmp_path / "run.yaml"
     run.write_text(done.stdout)
-    dry = subprocess.run(
-        [str(Path(sys.executable).with_name("grpo-launch-35b")), "--dry-run", "--device", "gpu", "--config", str(run)],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "DEVICE"} | {"HOME": str(tmp_path)},
-        timeout=120,
-        check=False,
-    )
+    dry = _launch("--dry-run", "--device", "gpu", "--config", str(run), home=tmp_path)
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert yaml.safe_load(dry.stdout)["config"]["actor"]["lr"] == settings["actor"]["lr"]
 
 
-def _launch(*argv: str, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(Path(sys.executable).with_name("grpo-launch-35b")), *argv],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "DEVICE"} | {"HOME": str(home), "LR": "4e-6"},
-        timeout=180,
-        check=False,
-    )
 
 
 def test_the_launcher_runs_a_verl_script_over_its_profile(tmp_path: Path) -> None:
@@ -185,7 +181,7 @@ def test_the_launcher_runs_a_verl_script_over_its_profile(tmp_path: Path) -> Non
         'python3 -m verl.trainer.main_ppo "${ARGS[@]}" data.max_response_length=$((512*2)) actor_rollout_ref.actor.ppo_epochs=1'
         " algorithm.kl_ctrl.kl_coef=0.0 actor_rollout_ref.rollout.mode=async\n"
     )
-    done = _launch("--from-verl", str(script), "--dry-run", "--device", "gpu", "--", "actor.ppo_epochs=2", home=tmp_path)
+    done = _launch("--from-verl", str(script), "--dry-run", "--device", "gpu", "--", "actor.ppo_epochs=2", home=tmp_path, LR="4e-6")
     assert done.returncode == 0, done.stderr[-2000:]
     cfg = yaml.safe_load(done.stdout)["config"]
     assert cfg["actor"]["lr"] == 4e-6  # the user's environment, as bash saw it
@@ -247,14 +243,7 @@ def test_a_machine_probe_is_answered_failing_and_said(tmp_path: Path, capsys, en
 def test_verl_s_qwen3_5_seed_scripts_launch_as_they_are(script: str, launcher: str, tmp_path: Path) -> None:
     """The two scripts this project replaces, unchanged, through their launcher's --from-verl: the
     dry run passes, the script's settings over the profile (its batch and lengths, its layout)."""
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name(launcher)), "--from-verl", str(SCRIPTS / script), "--dry-run", "--device", "gpu"],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "DEVICE"} | {"HOME": str(tmp_path)},
-        timeout=180,
-        check=False,
-    )
+    done = _launch("--from-verl", str(SCRIPTS / script), "--dry-run", "--device", "gpu", home=tmp_path, launcher=launcher)
     assert done.returncode == 0, done.stderr[-2000:]
     cfg = yaml.safe_load(done.stdout)["config"]
     call = read_trainer_call(SCRIPTS / script, env={"HOME": str(tmp_path)})

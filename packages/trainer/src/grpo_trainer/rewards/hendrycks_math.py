@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from grpo_trainer.rewards.braces import closing_brace
+
 
 def last_box(text: str) -> str | None:
     """The last box with its command (`\\boxed{...}`, `\\boxed x` up to a `$`, or `\\fbox{...}`)."""
@@ -21,12 +23,8 @@ def last_box(text: str) -> str | None:
         start = text.rfind("\\fbox")
         if start < 0:
             return None
-    depth = 0
-    for end in range(start, len(text)):
-        depth += (text[end] == "{") - (text[end] == "}")
-        if text[end] == "}" and depth == 0:
-            return text[start : end + 1]
-    return None
+    end = closing_brace(text, start)
+    return None if end is None else text[start : end + 1]
 
 
 class BoxError(ValueError):

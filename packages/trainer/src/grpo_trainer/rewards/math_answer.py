@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from grpo_trainer.rewards.braces import closing_brace
 from grpo_trainer.rewards.hendrycks_math import hendrycks_math_score
 from grpo_trainer.rewards.minerva_math import minerva_math_score
 from grpo_trainer.rewards.registry import register
@@ -44,12 +45,8 @@ def last_boxed(text: str) -> str | None:
         return match.group(1) if match else None
     if not rest.startswith("{"):
         return None
-    depth = 0
-    for i, ch in enumerate(rest):
-        depth += (ch == "{") - (ch == "}")
-        if depth == 0:
-            return rest[1:i]
-    return None
+    end = closing_brace(rest, 0)
+    return None if end is None else rest[1:end]
 
 
 _UNWRAP = re.compile(r"\\(?:text|textbf|mathrm|mbox|mathbf)\{([^{}]*)\}")

@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from grpo_trainer.rewards.braces import closing_brace
+
 INVALID = "[INVALID]"
 _ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 # Minerva's normalisation tables (lm-evaluation-harness, as verl's math_dapo has them).
@@ -63,12 +65,8 @@ def _last_braced_box(text: str) -> str | None:
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
-    depth = 0
-    for end in range(start, len(text)):
-        depth += (text[end] == "{") - (text[end] == "}")
-        if text[end] == "}" and depth == 0:
-            return text[start + len("\\boxed{") : end]
-    return None
+    end = closing_brace(text, start)
+    return None if end is None else text[start + len("\\boxed{") : end]
 
 
 def check(solution_str: str, ground_truth: str) -> tuple[bool, str]:
