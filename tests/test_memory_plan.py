@@ -15,7 +15,7 @@ import structlog
 import yaml
 
 from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, MegatronConfig, TrainerConfig
-from grpo_trainer.memory_plan import CONTEXT_BYTES, GIB, model_counts, plan_memory
+from grpo_trainer.memory_plan import CONTEXT_BYTES, GIB, model_counts, pipeline_in_flight, plan_memory
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages/trainer/tests/megatron"))
@@ -115,6 +115,29 @@ def test_offload_and_parallelism_move_the_plan_as_they_move_the_memory(tmp_path:
         counts, device_bytes=141 * GIB,
     )
     assert parked.rollout_peak < base.rollout_peak and parked.rollout["actor_weights"] == 0
+
+
+def test_a_pipeline_s_first_stage_holds_the_micro_batches_in_flight(tmp_path: Path) -> None:
+    """1F1B: PP micro-batches' activations of one stage at once (fewer when there are fewer);
+    interleaved (VPP): 1 + (PP-1)/(PP VPP) times that (Korthikanti et al.)."""
+    import dataclasses
+
+    assert pipeline_in_flight(1, None, 8) == 1
+    assert pipeline_in_flight(4, None, 8) == 4 and pipeline_in_flight(4, None, 2) == 2
+    assert pipeline_in_flight(2, 2, 8) == 2 * (1 + 1 / 4) and pipeline_in_flight(4, 2, 8) == 4 * (1 + 3 / 8)
+    path = _qwen3_moe(tmp_path / "m", layers=4, ffn=1536, hidden=4096)
+    counts = model_counts(path)
+    cfg = TrainerConfig(
+        actor=ActorConfig(model_path=str(path), backend="megatron", use_kl_loss=False, ppo_mini_batch_size=8,
+                          megatron=MegatronConfig(transformer_impl="local", moe_grouped_gemm=False)),
+        data=DataConfig(train_batch_size=8), device=DeviceConfig(kind="cuda", devices_per_node=4),
+    )  # fmt: skip
+    stages = lambda **par: plan_memory(  # noqa: E731
+        dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **par)), counts, device_bytes=141 * GIB
+    ).training["activations"]
+    # Half the layers per stage, held for 2 (PP2) or 2.5 (PP2 VPP2) micro-batches: the same, then 1.25x.
+    assert stages(pp=2) == pytest.approx(stages(pp=1), rel=1e-6)
+    assert stages(pp=2, vpp=2) == pytest.approx(1.25 * stages(pp=1), rel=1e-6)
 
 
 # bench/gpu_production_path.py on the H200 (143 771 MiB): the tiny preset's Megatron actor (resident)

@@ -159,6 +159,18 @@ def test_vpp_needs_pipeline_parallel() -> None:
     assert load(None, ["actor.backend=megatron", "device.devices_per_node=2", "parallel.pp=2", "parallel.vpp=2"]).parallel.vpp == 2
 
 
+def test_an_interleaved_pipeline_needs_micro_batches_in_groups_of_pp() -> None:
+    """megatron-core's interleaved schedule raises when a pass's micro-batch count is no multiple of PP."""
+    base = ["actor.backend=megatron", "device.devices_per_node=4", "parallel.pp=4", "parallel.vpp=2",
+            "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=2"]  # fmt: skip
+    msg = _problems([*base, "actor.ppo_micro_batch_size_per_device=4"])
+    assert "actor.ppo_micro_batch_size_per_device=4 makes 2 micro-batches in an update's pipeline, not a multiple of parallel.pp=4" in msg
+    msg = _problems([*base, "actor.log_prob_micro_batch_size_per_device=8"])
+    assert "actor.log_prob_micro_batch_size_per_device=8 makes 2 micro-batches in a log-prob pass's pipeline" in msg
+    assert load(None, [*base, "actor.log_prob_micro_batch_size_per_device=4"]).parallel.vpp == 2
+    assert load(None, [*base[:3], *base[4:], "actor.log_prob_micro_batch_size_per_device=8"]).parallel.pp == 4  # no VPP: any count
+
+
 def test_zero_sizes_are_reported_not_divided_by() -> None:
     msg = _problems(["parallel.tp=0", "actor.ppo_micro_batch_size_per_device=0"])
     assert "parallel.tp=0 must be a positive integer." in msg

@@ -135,13 +135,39 @@ def _pipeline_problems(cfg: TrainerConfig, *, dp: int) -> list[str]:
     sizes = {"actor.log_prob_micro_batch_size_per_device": cfg.actor.log_prob_micro_batch_size_per_device} if policy_log_probs else {}
     if cfg.ref.log_prob_micro_batch_size_per_device is not None and cfg.uses_reference_model:
         sizes["ref.log_prob_micro_batch_size_per_device"] = cfg.ref.log_prob_micro_batch_size_per_device
-    return [
+    problems = [
         f"{key}={size} does not divide the {rows} rows each data-parallel rank computes log-probs for "
         f"(data.train_batch_size * rollout.n // data parallel size {dp}); with parallel.pp="
         f"{cfg.parallel.pp} every micro-batch needs the same row count: choose a divisor of {rows}."
         for key, size in sizes.items()
         if rows % size
     ]
+    if problems or not (cfg.parallel.vpp and cfg.parallel.vpp > 1):
+        return problems
+    return _interleaving_problems(cfg, dp=dp, log_prob_sizes=sizes, rows=rows)
+
+
+def _interleaving_problems(cfg: TrainerConfig, *, dp: int, log_prob_sizes: dict[str, int], rows: int) -> list[str]:
+    """megatron-core's interleaved schedule (parallel.vpp > 1) runs micro-batches in groups of PP:
+    every pass needs a multiple of PP micro-batches (it raises otherwise)."""
+    pp = cfg.parallel.pp
+    counts = {"actor.ppo_micro_batch_size_per_device": (
+        cfg.actor.ppo_mini_batch_size * cfg.rollout.n // dp // cfg.actor.ppo_micro_batch_size_per_device,
+        "an update's",
+    )}
+    counts.update({key: (rows // size, "a log-prob pass's") for key, size in log_prob_sizes.items()})
+    return [
+        f"{key}={_value_of(cfg, key)} makes {count} micro-batches in {what} pipeline, not a multiple of "
+        f"parallel.pp={pp}: with parallel.vpp={cfg.parallel.vpp} megatron-core's interleaved schedule runs "
+        f"micro-batches in groups of {pp}. Choose a micro-batch size that gives a multiple of {pp}, or parallel.vpp=null."
+        for key, (count, what) in counts.items()
+        if count % pp
+    ]
+
+
+def _value_of(cfg: TrainerConfig, key: str) -> int:
+    section, name = key.split(".", 1)
+    return getattr(getattr(cfg, section), name)
 
 
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")

@@ -17,7 +17,8 @@ Activations are an estimate per token and decoder layer of the training micro-ba
 prompt + response length), bf16, divided by tensor x context parallel (sequence parallel) ranks:
 34 h (attention or Gated DeltaNet with its norms and residuals, flash-style attention: no s x s
 scores; Korthikanti et al.), plus k (4 h + 6 f) for k routed experts of width f and 2 h + 6 f for a
-shared expert; with full recompute 2 h per layer plus one layer's worth. Beside them: the fp32
+shared expert; with full recompute 2 h per layer plus one layer's worth. With pipeline parallelism the
+first stage holds several micro-batches' activations at once (`pipeline_in_flight`). Beside them: the fp32
 logits of the vocabulary shard (x3: logits, log-softmax, gradient) and, for the local grouped-GEMM
 experts, the stacked expert weights each layer keeps for its backward. Plus a fixed 1.5 GiB a
 process for the CUDA/CANN context, communication buffers and allocator slack.
@@ -218,6 +219,18 @@ class MemoryPlan:
         )
 
 
+def pipeline_in_flight(pp: int, vpp: int | None, micro_batches: int) -> float:
+    """Micro-batches whose activations the first pipeline stage holds at once, in whole stages:
+    megatron-core's 1F1B warm-up runs PP - 1 forwards before the first backward; interleaved, it runs
+    2 (PP - 1) + (VPP - 1) PP chunks of 1 / VPP of a stage (Korthikanti et al.: 1 + (PP-1)/(PP VPP)
+    stages' worth of PP micro-batches). Never more than the micro-batches there are."""
+    if pp == 1:
+        return 1.0
+    chunks_per_stage = vpp if vpp and vpp > 1 else 1
+    warm = pp - 1 if chunks_per_stage == 1 else 2 * (pp - 1) + (chunks_per_stage - 1) * pp
+    return min(warm + 1, micro_batches * chunks_per_stage) / chunks_per_stage
+
+
 def plan_memory(cfg: TrainerConfig, counts: ModelCounts, *, device_bytes: int | None) -> MemoryPlan:
     """The plan of `cfg` for the model `counts` describes, on devices of `device_bytes`."""
     par, mc, actor = cfg.parallel, cfg.actor.megatron, cfg.actor
@@ -254,11 +267,15 @@ def plan_memory(cfg: TrainerConfig, counts: ModelCounts, *, device_bytes: int | 
     per_token_layer = 34 * h + (k * (4 * h + 6 * f) if counts.experts else 0)
     if counts.shared_expert_ffn:
         per_token_layer += 2 * h + 6 * counts.shared_expert_ffn
+    micro_batches = max(1, actor.ppo_mini_batch_size * cfg.rollout.n // dp // actor.ppo_micro_batch_size_per_device)
+    in_flight = pipeline_in_flight(pp, par.vpp if megatron else None, micro_batches)
+    if in_flight > 1:
+        notes.append(f"pipeline: the first stage holds {in_flight:g} micro-batches' activations at once")
     if megatron and mc.recompute_granularity == "full":
-        layer_bytes = tokens * (2 * h * stage_layers + per_token_layer)
+        layer_bytes = tokens * (2 * h * stage_layers * in_flight + per_token_layer)
         notes.append("full recompute: each layer keeps its input, one layer its activations")
     else:
-        layer_bytes = tokens * per_token_layer * stage_layers
+        layer_bytes = tokens * per_token_layer * stage_layers * in_flight
     activations = layer_bytes / (tp * cp)
     logits = 3 * 4 * tokens * counts.vocab / (tp * cp)
     expert_stacks = 0.0
