@@ -15,7 +15,7 @@ import pytest
 
 import grpo_config
 from grpo_launch.cost_model import DEVICES, GB, SYNC_GBS_PER_PROCESS, update_mfu
-from grpo_launch.layout_planner import Heads, Layout, apply, current_layout, estimate, layouts
+from grpo_launch.layout_planner import Family, Heads, Layout, apply, current_layout, estimate, layouts
 from grpo_trainer.memory_plan import ModelCounts
 
 PROFILES = [
@@ -48,36 +48,45 @@ def test_plan_answers_for_each_profile_and_ranks_the_seed_s_layout(
     assert seed_layout in own and "does not fit" not in own, own  # the seeds' hand-picked layout fits
     assert "launch with the first choice: -- parallel.tp=" in out
     assert "does not fit: training phase needs" in out  # a rejected family says by how much
+    # CP is searched and refused with grpo_config's own reason; VPP and ETP are searched.
+    assert "CP2, " in out and "context parallelism is not supported by the Megatron backend" in out
+    assert " VPP2 " in out and " ETP2" in out
 
 
 def test_the_first_choice_s_overrides_give_its_layout_back() -> None:
     from grpo_launch_qwen35_35b.profile import PROFILE
 
     base = PROFILE.config_for("gpu")
-    layout = Layout(tp=2, pp=4, ep=2, rollout_tp=4, offload=False, recompute=True)
-    cfg = grpo_config.load(base, layout.overrides(), num_experts=PROFILE.num_experts)
-    assert current_layout(cfg) == layout
-    assert current_layout(apply(grpo_config.load(base), layout)) == layout
+    for layout in (
+        Layout(tp=2, pp=4, ep=2, rollout_tp=4, offload=False, recompute=True),
+        Layout(tp=2, pp=2, ep=2, rollout_tp=4, offload=True, recompute=False, etp=2, vpp=2),
+    ):
+        cfg = grpo_config.load(base, layout.overrides(), num_experts=PROFILE.num_experts)
+        assert current_layout(cfg) == layout
+        assert current_layout(apply(grpo_config.load(base), layout)) == layout
 
 
 def test_model_rules_name_what_tensor_parallelism_must_divide() -> None:
     heads = Heads(kv_heads=2, linear_key_heads=16, linear_value_heads=32, layers=40, experts=256)
-    rules = {layout.family: rule for layout, rule in layouts(8, 8, heads)}
-    assert "does not divide the model's 2 attention key-value heads" in rules[(4, 1, 8)]
-    assert "EP8 does not divide a pipeline stage's 4 devices" in rules[(2, 2, 8)]
-    assert rules[(2, 1, 8)] is None and rules[(1, 8, 1)] is None
+    rules = {(layout.family, layout.vpp): rule for layout, rule in layouts(8, 8, heads)}
+    assert "does not divide the model's 2 attention key-value heads" in rules[Family(4, 1, 8), None]
+    assert "EP x ETP = 8 does not divide a pipeline stage's 4 devices" in rules[Family(2, 2, 8), None]
+    assert "EP x ETP = 8 does not divide a pipeline stage's 4 devices" in rules[Family(2, 2, 4, etp=2), None]
+    assert "PP x VPP = 16 chunks do not divide the model's 40 layers" in rules[Family(1, 8, 1), 2]
+    assert rules[Family(2, 1, 8), None] is None and rules[Family(1, 8, 1), None] is None
+    assert rules[Family(2, 2, 2, etp=2), 2] is None and rules[Family(2, 1, 4, etp=2, cp=2), None] is None
 
 
 def test_one_estimate_recomputed_by_hand() -> None:
-    """A 2-node, 16-device H100 cluster, TP2 PP2 EP4, rollout TP8, no offload, no recompute, on a
-    made-up MoE; every phase's number as docs/LAYOUT_PLANNER.md writes its formula."""
+    """A 2-node, 16-device H100 cluster, TP2 PP2 VPP2 EP2 ETP2, rollout TP8, no offload, no recompute,
+    on a made-up MoE; every phase's number as docs/LAYOUT_PLANNER.md writes its formula."""
     from grpo_launch_qwen35_35b.profile import PROFILE
 
     counts = ModelCounts(
         layers=8, hidden=2048, vocab=1000, experts=16, topk=2, expert_ffn=512, shared_expert_ffn=0,
         layer_dense=10_000_000, layer_experts=16_000_000, embedding=2_048_000, output=2_048_000, vision=0, other=0,
     )  # fmt: skip
-    layout = Layout(tp=2, pp=2, ep=4, rollout_tp=8, offload=False, recompute=False)
+    layout = Layout(tp=2, pp=2, ep=2, rollout_tp=8, offload=False, recompute=False, etp=2, vpp=2)
     cfg = apply(grpo_config.load(PROFILE.config_for("gpu"), ["device.nnodes=2"]), layout)
     spec = DEVICES["gpu"]
     got = estimate(cfg, counts, spec, per_node=8)
@@ -87,14 +96,19 @@ def test_one_estimate_recomputed_by_hand() -> None:
     active = 8 * (10e6 + 16e6 * 2 / 16) + 2.048e6
     flops_s = world * spec.peak_tflops * 1e12 * update_mfu(2048)
     micro = 32 * 5 // dp  # one mini-batch of 32 prompts x 5, micro-batches of one row
-    bubble = 1 + (2 - 1) / micro
+    bubble = 1 + (2 - 1) / (micro * 2)  # two virtual stages halve the bubble
     per_rank = tokens / dp
     tp_s = 4 * 4 * per_rank * 2048 * 2 * 2 * (1 / 2) / (spec.intra_node_gbs * GB)
-    ep_s = 4 * 4 * (per_rank / 2) * 2 * 2048 * 2 * (3 / 4) / (spec.intra_node_gbs * GB)
-    assert got["update"] == pytest.approx(6 * active * tokens / flops_s * bubble + tp_s + ep_s, rel=1e-12)
-    assert got["log_probs"] == pytest.approx(2 * (2 * active * tokens / flops_s * bubble + (tp_s + ep_s) / 3), rel=1e-12)
-    params_per_rank = 4 * (10e6 / 2 + 16e6 / 4) + 4.096e6 / 2
-    assert got["optimizer"] == pytest.approx(1 * 6 * params_per_rank * (3 / 4) / (spec.inter_node_gbs * GB), rel=1e-12)
+    routed = 4 * 4 * (per_rank / 2) * 2 * 2048 * 2
+    ep_s = routed * (1 / 2) / (spec.intra_node_gbs * GB)
+    etp_s = routed * (2 - 1) / (spec.intra_node_gbs * GB)  # gathered over the two expert-TP ranks
+    comm = tp_s + ep_s + etp_s
+    assert got["update"] == pytest.approx(6 * active * tokens / flops_s * bubble + comm, rel=1e-12)
+    assert got["log_probs"] == pytest.approx(2 * (2 * active * tokens / flops_s * bubble + comm / 3), rel=1e-12)
+    dense_per_rank, experts_per_rank = 4 * 10e6 / 2 + 4.096e6 / 2, 4 * 16e6 / (2 * 2)
+    expert_dp = 16 // (2 * 2 * 2)
+    dp_bytes = 6 * (dense_per_rank * (3 / 4) + experts_per_rank * (expert_dp - 1) / expert_dp)
+    assert got["optimizer"] == pytest.approx(1 * dp_bytes / (spec.inter_node_gbs * GB), rel=1e-12)
     total_bytes = counts.total * 2
     decode = total_bytes / 8 / (spec.hbm_gbs * GB * 0.5)
     prefill = 2 * active * rows * 1024 / (world * spec.peak_tflops * 1e12 * 0.3)

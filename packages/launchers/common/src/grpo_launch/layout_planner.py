@@ -1,9 +1,8 @@
 """`--plan`: the parallel layouts a launch could use on a cluster, those whose memory plan fits in
 both phases, ranked by an estimated step time (`cost_model`). A layout: actor TP (sequence parallel
-with it), PP, EP; rollout TP (its replicas fill the devices); offload of the actor's weights,
-gradients and optimizer state on or off; full recompute on or off. ETP, CP and VPP stay 1 / off
-(CP is refused by the Megatron backend; ETP > 1 and VPP change no memory total the plan counts).
-How the estimate is built, and what it leaves out: docs/LAYOUT_PLANNER.md.
+with it), PP, VPP, EP, ETP, CP; rollout TP (its replicas fill the devices); offload of the actor's
+weights, gradients and optimizer state on or off; full recompute on or off. Data parallel is what
+is left. How the estimate is built, and what it leaves out: docs/LAYOUT_PLANNER.md.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpo_config
 from grpo_config.schema import TrainerConfig
@@ -30,6 +29,7 @@ from grpo_launch.cost_model import (
 )
 
 GIB = 2**30
+VPP_SIZES = (2, 4)  # virtual stages per pipeline stage tried beside none
 PHASES = ("rollout", "log_probs", "update", "optimizer", "weight_sync")
 
 
@@ -41,14 +41,18 @@ class Layout:
     rollout_tp: int
     offload: bool
     recompute: bool
+    etp: int = 1
+    vpp: int | None = None
+    cp: int = 1
 
     @property
-    def family(self) -> tuple[int, int, int]:
-        return (self.tp, self.pp, self.ep)
+    def family(self) -> Family:
+        return Family(self.tp, self.pp, self.ep, self.etp, self.cp)
 
     def describe(self) -> str:
         extras = [x for x, on in (("offload", self.offload), ("full recompute", self.recompute)) if on]
-        return f"TP{self.tp} PP{self.pp} EP{self.ep}, rollout TP{self.rollout_tp}" + (
+        vpp = f" VPP{self.vpp}" if self.vpp else ""
+        return f"{self.family.describe(vpp=vpp)}, rollout TP{self.rollout_tp}" + (
             f" ({', '.join(extras)})" if extras else ""
         )
 
@@ -58,7 +62,10 @@ class Layout:
         out = [
             f"parallel.tp={self.tp}",
             f"parallel.pp={self.pp}",
+            f"parallel.vpp={self.vpp if self.vpp else 'null'}",
             f"parallel.ep={self.ep}",
+            f"parallel.etp={self.etp}",
+            f"parallel.cp={self.cp}",
             f"parallel.sequence_parallel={str(self.tp > 1).lower()}",
             f"rollout.tensor_parallel_size={self.rollout_tp}",
             f"actor.megatron.param_offload={flag}",
@@ -74,8 +81,26 @@ class Layout:
                 "actor.megatron.recompute_num_layers=1",
             ]
         else:
-            out += ["actor.megatron.recompute_granularity=null", "actor.megatron.recompute_method=null"]
+            out += [
+                "actor.megatron.recompute_granularity=null",
+                "actor.megatron.recompute_method=null",
+                "actor.megatron.recompute_num_layers=null",
+            ]
         return out
+
+
+class Family(NamedTuple):
+    """The model-parallel sizes a rejection is reported by."""
+
+    tp: int
+    pp: int
+    ep: int
+    etp: int = 1
+    cp: int = 1
+
+    def describe(self, *, vpp: str = "") -> str:
+        extra = "".join(f" {name}{size}" for name, size in (("ETP", self.etp), ("CP", self.cp)) if size > 1)
+        return f"TP{self.tp} PP{self.pp}{vpp} EP{self.ep}{extra}"
 
 
 @dataclass(frozen=True)
@@ -120,16 +145,19 @@ def _divisors(n: int, *, up_to: int) -> list[int]:
 def layouts(world: int, per_node: int, heads: Heads) -> Iterator[tuple[Layout, str | None]]:
     """Every layout of the search space, with the model rule it breaks (None: none)."""
     powers = [d for d in _divisors(world, up_to=world) if d & (d - 1) == 0]
-    for tp, pp, ep, rollout_tp, offload, recompute in itertools.product(
+    for tp, pp, ep, rollout_tp, offload, recompute, cp in itertools.product(
         [d for d in powers if d <= per_node],
         [d for d in powers if d <= 8],
         [d for d in powers if heads.experts and heads.experts % d == 0] or [1],
         [d for d in powers if d <= per_node],
         (False, True),
         (False, True),
+        (1, 2),
     ):
-        layout = Layout(tp, pp, ep, rollout_tp, offload, recompute)
-        yield layout, _model_rule(layout, world, heads)
+        etps = [d for d in powers if d <= tp] if heads.experts else [1]
+        for etp, vpp in itertools.product(etps, [None, *VPP_SIZES] if pp > 1 else [None]):
+            layout = Layout(tp, pp, ep, rollout_tp, offload, recompute, etp=etp, vpp=vpp, cp=cp)
+            yield layout, _model_rule(layout, world, heads)
 
 
 def _model_rule(layout: Layout, world: int, heads: Heads) -> str | None:
@@ -143,10 +171,12 @@ def _model_rule(layout: Layout, world: int, heads: Heads) -> str | None:
             return f"TP{tp} does not divide the model's {count} {what} (megatron-core splits them over TP ranks)"
     if heads.layers % pp:
         return f"PP{pp} does not divide the model's {heads.layers} layers"
+    if layout.vpp and heads.layers % (pp * layout.vpp):
+        return f"PP x VPP = {pp * layout.vpp} chunks do not divide the model's {heads.layers} layers"
     if world % (tp * pp):
         return f"TP x PP = {tp * pp} does not divide the {world} devices"
-    if (world // pp) % ep:
-        return f"EP{ep} does not divide a pipeline stage's {world // pp} devices"
+    if (world // pp) % (ep * layout.etp):
+        return f"EP x ETP = {ep * layout.etp} does not divide a pipeline stage's {world // pp} devices"
     return None
 
 
@@ -168,11 +198,19 @@ def apply(cfg: TrainerConfig, layout: Layout) -> TrainerConfig:
         recompute_method="uniform" if layout.recompute else None,
         recompute_num_layers=1 if layout.recompute else None,
     )
-    ref_megatron = dataclasses.replace(cfg.ref.megatron, param_offload=layout.offload) if cfg.ref.megatron else None
+    # The reference inherits the actor's Megatron settings (its optimizer ones must equal the actor's).
+    ref_megatron = dataclasses.replace(megatron, param_offload=layout.offload) if cfg.ref.megatron else None
     return dataclasses.replace(
         cfg,
         parallel=dataclasses.replace(
-            cfg.parallel, tp=layout.tp, pp=layout.pp, ep=layout.ep, sequence_parallel=layout.tp > 1
+            cfg.parallel,
+            tp=layout.tp,
+            pp=layout.pp,
+            vpp=layout.vpp,
+            ep=layout.ep,
+            etp=layout.etp,
+            cp=layout.cp,
+            sequence_parallel=layout.tp > 1,
         ),
         actor=dataclasses.replace(cfg.actor, megatron=megatron),
         ref=dataclasses.replace(cfg.ref, parallel=None, megatron=ref_megatron),
@@ -184,8 +222,9 @@ def estimate(cfg: TrainerConfig, counts: Any, spec: DeviceSpec, *, per_node: int
     """Seconds per step and phase (docs/LAYOUT_PLANNER.md has each formula)."""
     par, actor = cfg.parallel, cfg.actor
     world = cfg.device.nnodes * cfg.device.devices_per_node
-    tp, pp, ep = par.tp, par.pp, par.ep
-    dp = world // (tp * pp)
+    tp, pp, ep, etp, cp, vpp = par.tp, par.pp, par.ep, par.etp, par.cp, par.vpp or 1
+    dp = world // (tp * pp * cp)
+    expert_dp = world // (pp * ep * etp)
     rows = cfg.data.train_batch_size * cfg.rollout.n
     seq = cfg.data.max_prompt_length + cfg.data.max_response_length
     tokens = rows * seq
@@ -198,21 +237,24 @@ def estimate(cfg: TrainerConfig, counts: Any, spec: DeviceSpec, *, per_node: int
     passes = 1 + int(cfg.uses_reference_model)  # old log-probs, and the reference's
     rows_per_pipeline = max(1, actor.ppo_mini_batch_size * cfg.rollout.n // dp)
     micro = max(1, rows_per_pipeline // actor.ppo_micro_batch_size_per_device)
-    bubble = 1 + (pp - 1) / micro
+    bubble = 1 + (pp - 1) / (micro * vpp)
     intra = lambda group: spec.intra_node_gbs if group <= per_node else spec.inter_node_gbs  # noqa: E731
-    tokens_per_rank = tokens / dp
+    tokens_per_rank = tokens / (dp * cp)
     # TP: two all-reduce (or reduce-scatter + all-gather) volumes per layer forward, two backward.
     tp_bytes = 4 * (layers / pp) * tokens_per_rank * h * 2 * 2 * (tp - 1) / tp
     # EP: dispatch + combine of each token's top-k copies, forward and backward.
-    ep_bytes = 4 * (layers / pp) * (tokens_per_rank / tp) * counts.topk * h * 2 * (ep - 1) / ep if counts.experts else 0
-    comm_update = tp_bytes / (intra(tp) * GB) + ep_bytes / (intra(ep) * GB)
+    routed = 4 * (layers / pp) * (tokens_per_rank / tp) * counts.topk * h * 2 if counts.experts else 0
+    ep_bytes = routed * (ep - 1) / ep
+    # ETP: the routed tokens gathered over the expert-TP group before the experts, reduce-scattered after.
+    etp_bytes = routed * (etp - 1)
+    comm_update = tp_bytes / (intra(tp) * GB) + ep_bytes / (intra(ep) * GB) + etp_bytes / (intra(etp) * GB)
     update = (6 + 2 * recompute) * active * tokens / (world * peak * mfu) * bubble + comm_update
     log_probs = passes * (2 * active * tokens / (world * peak * mfu) * bubble + comm_update / 3)
-    params_per_rank = (layers / pp) * (counts.layer_dense / tp + counts.layer_experts / ep) + (
-        counts.embedding + counts.output
-    ) / tp
+    dense_per_rank = (layers / pp) * counts.layer_dense / tp + (counts.embedding + counts.output) / tp
+    experts_per_rank = (layers / pp) * counts.layer_experts / (ep * etp)
+    params_per_rank = dense_per_rank + experts_per_rank
     optimizer_steps = max(1, cfg.data.train_batch_size // actor.ppo_mini_batch_size) * actor.ppo_epochs
-    dp_bytes = (4 + 2) * params_per_rank * (dp - 1) / dp
+    dp_bytes = (4 + 2) * (dense_per_rank * (dp - 1) / dp + experts_per_rank * (expert_dp - 1) / expert_dp)
     optimizer = optimizer_steps * dp_bytes / (intra(world) * GB)
     if actor.megatron.param_offload or actor.megatron.optimizer_offload:
         # Weights, gradients off and back each step; the CPU optimizer reads fp32 gradients and
@@ -248,10 +290,10 @@ class Search:
     def find(self, layout: Layout) -> Candidate | None:
         return next((c for c in self.candidates if c.layout == layout), None)
 
-    def rejected_families(self) -> dict[tuple[int, int, int], str]:
-        """For each (TP, PP, EP) with no fitting variant: the reason of its closest variant."""
-        out: dict[tuple[int, int, int], str] = {}
-        by_family: dict[tuple[int, int, int], list[Candidate]] = {}
+    def rejected_families(self) -> dict[Family, str]:
+        """For each (TP, PP, EP, ETP, CP) with no fitting variant: the reason of its closest variant."""
+        out: dict[Family, str] = {}
+        by_family: dict[Family, list[Candidate]] = {}
         for c in self.candidates:
             by_family.setdefault(c.layout.family, []).append(c)
         for family, members in sorted(by_family.items()):
@@ -265,13 +307,17 @@ class Search:
 
 def current_layout(cfg: TrainerConfig) -> Layout:
     mc = cfg.actor.megatron
+    par = cfg.parallel
     return Layout(
-        cfg.parallel.tp,
-        cfg.parallel.pp,
-        cfg.parallel.ep,
+        par.tp,
+        par.pp,
+        par.ep,
         cfg.rollout.tensor_parallel_size,
         bool(mc.param_offload and mc.grad_offload and mc.optimizer_offload),
         mc.recompute_granularity == "full",
+        etp=par.etp,
+        vpp=par.vpp if par.vpp and par.vpp > 1 else None,
+        cp=par.cp,
     )
 
 
@@ -341,10 +387,10 @@ def render(result: Search, *, top: int = 3) -> str:
         lines.append(f"  {result.current.describe()}: {current.problem}")
     rejected = result.rejected_families()
     if rejected:
-        lines.append("rejected (TP, PP, EP) families, with the reason of their closest variant:")
+        lines.append("rejected (TP, PP, EP, ETP, CP) families, with the reason of their closest variant:")
         by_reason: dict[str, list[str]] = {}
-        for (tp, pp, ep), why in rejected.items():
-            by_reason.setdefault(why, []).append(f"TP{tp} PP{pp} EP{ep}")
+        for family, why in rejected.items():
+            by_reason.setdefault(why, []).append(family.describe())
         for why, families in by_reason.items():
             shown = ", ".join(families[:6]) + (f" and {len(families) - 6} more" if len(families) > 6 else "")
             lines.append(f"  {shown}: {why}")
