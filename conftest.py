@@ -1,26 +1,3 @@
-"""Repository-wide test set-up."""
-
-from __future__ import annotations
-
-import pytest
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _torch_kernels_for_cpu_tensors() -> None:
-    """Tests build Hugging Face Qwen3.5 models directly too, not only through `load_causal_lm`: CPU
-    tensors take transformers' PyTorch Gated DeltaNet path even where FLA is installed
-    (`grpo_trainer.hf_kernels`)."""
-    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
-
-    use_torch_kernels_on_cpu()
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local Ray cluster of 2 CPUs for the module's Ray workers (one already running is kept)."""
-    from grpo_trainer.worker_group import ensure_ray, shutdown_ray
-
-    started = ensure_ray(num_cpus=2)
-    yield
-    if started:
-        shutdown_ray()  # and its reaper
+"""Repository-wide test set-up: nothing that imports a package, so that each package's tests run in
+an environment holding that package alone (`hatch run pkg-config:run`, ...). Fixtures that need a
+package live beside the tests that use them (tests/conftest.py, packages/trainer/tests/conftest.py)."""

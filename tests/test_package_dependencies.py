@@ -57,6 +57,10 @@ NOT_INSTALLED: dict[str, tuple[str, ...]] = {
     "apex": ("apex",),
     "math_verify": ("math-verify",),
 }
+# A package's `test` extra: what its tests need beside the package (its own hatch env installs it).
+TEST_EXTRA = "test"
+# pytest plugins a `test` extra may declare without an import (used through markers and options).
+PYTEST_PLUGINS = frozenset({"pytest-timeout"})
 # Distributions that may be declared in an extra only; everything else imported belongs in `dependencies`.
 OPTIONAL_STACKS = frozenset(
     re.sub(r"[-_.]+", "-", dist).lower() for dists in NOT_INSTALLED.values() for dist in dists
@@ -85,7 +89,8 @@ class Package:
 
     @property
     def declared(self) -> frozenset[str]:
-        return self.dependencies.union(*self.extras.values())
+        """What its src may import: dependencies and extras, but not the `test` extra (its tests' own)."""
+        return self.dependencies.union(*(dists for extra, dists in self.extras.items() if extra != TEST_EXTRA))
 
 
 def _requirements(lines: list[str]) -> frozenset[str]:
@@ -154,9 +159,9 @@ def _walk_runtime(node: ast.AST) -> Iterator[ast.AST]:
         yield from _walk_runtime(child)
 
 
-def imports_of(package: Package) -> Iterator[tuple[str, str]]:
-    """(dotted module name, "file:line") for every runtime import in the package's src."""
-    for path in sorted((package.directory / "src").rglob("*.py")):
+def imports_of(package: Package, folder: str = "src") -> Iterator[tuple[str, str]]:
+    """(dotted module name, "file:line") for every runtime import in the package's src (or tests)."""
+    for path in sorted((package.directory / folder).rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in _walk_runtime(tree):
             for name in _names(node):
@@ -192,10 +197,10 @@ def distributions_for(name: str, package: Package) -> list[tuple[str, ...]]:
     return [tuple(map(normalise, found)), *implied]
 
 
-def requirements_of(package: Package) -> dict[tuple[str, ...], list[str]]:
+def requirements_of(package: Package, folder: str = "src") -> dict[tuple[str, ...], list[str]]:
     """Each needed requirement (tuple of alternatives) -> where it is imported."""
     needed: dict[tuple[str, ...], list[str]] = {}
-    for name, where in imports_of(package):
+    for name, where in imports_of(package, folder):
         for alternatives in distributions_for(name, package):
             if alternatives == ():
                 alternatives = (f"<unknown module {name.split('.')[0]}>",)
@@ -249,3 +254,25 @@ def test_every_declared_dependency_is_imported(package: Package) -> None:
         f"{package.directory.relative_to(ROOT)}/pyproject.toml declares what its src never imports: "
         + ", ".join(unused)
     )
+
+
+TESTED_ALONE = [package for package in PACKAGES if TEST_EXTRA in package.extras]
+
+
+@pytest.mark.parametrize("package", TESTED_ALONE, ids=[p.name for p in TESTED_ALONE])
+def test_a_package_tested_alone_declares_what_its_tests_import(package: Package) -> None:
+    """Its tests run in an environment of the package and its `test` extra only (hatch env
+    pkg-NAME): every third-party import of tests/ is declared there or in the package itself (an
+    optional stack's tests skip without it), and the `test` extra holds nothing its tests leave unused."""
+    tests_need = requirements_of(package, "tests")
+    within = package.dependencies.union(*package.extras.values())
+    missing = [
+        f"{' or '.join(alternatives)} ({', '.join(where[:2])})"
+        for alternatives, where in sorted(tests_need.items())
+        if not within.intersection(alternatives)
+        and not (OPTIONAL_STACKS.intersection(alternatives) or alternatives[0].startswith("<unknown"))
+    ]
+    assert missing == [], f"{package.name}'s tests import what its `test` extra does not declare: " + ", ".join(missing)
+    used = {dist for alternatives in tests_need for dist in alternatives}
+    unused = sorted(package.extras[TEST_EXTRA] - used - PYTEST_PLUGINS)
+    assert unused == [], f"{package.name}'s `test` extra declares what its tests never import: {unused}"

@@ -214,7 +214,13 @@ def test_verl_resume_mode_and_engine_switches_map() -> None:
     assert engine.rollout.engine_kwargs == {"enable_chunked_prefill": True, "enable_prefix_caching": False}
 
 
-def test_verl_logging_and_reward_manager_keys_map() -> None:
+def test_verl_logging_and_reward_manager_keys_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(wandb is the trainer's optional stack, not grpo-config's: its presence is stood in for here;
+    tests/test_tiny_train.py runs the real one.)"""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "wandb" else find_spec(name, *a))
     cfg = load(
         None,
         [
@@ -233,6 +239,9 @@ def test_verl_logging_and_reward_manager_keys_map() -> None:
     assert cfg.actor.entropy_from_logits_with_chunking is True
     with pytest.raises(ConfigError, match="'mlflow', which grpo does not log to"):
         load(None, ["trainer.logger=[console,mlflow]"])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match="needs the wandb package, which is not installed here"):
+        load(None, ['trainer.logger=["console","wandb"]'])
 
 
 @pytest.mark.parametrize(
