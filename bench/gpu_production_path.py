@@ -103,8 +103,8 @@ class GpuMemoryPeak:
 def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any]:
     import grpo_config
     from grpo_launch import tiny_preset
-    from grpo_launch.presets.tiny_model import save_vision_language_layout
     from grpo_launch.presets.tiny_vl import tiny_vl_preset
+    from grpo_tiny.model import save_vision_language_layout
     from grpo_trainer import read_metrics, train
 
     if name == "vl":  # the tiny-vl preset: images through vLLM and the Megatron actor's vision tower

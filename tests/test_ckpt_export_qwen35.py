@@ -145,7 +145,7 @@ def test_qwen35_moe_strict_names_a_dropped_gated_deltanet_tensor(
 def _tiny_qwen35_moe_vl(text_dir: Path, path: Path, *, same_weights: bool = False) -> Path:
     """Qwen3.5's real checkpoint layout (`model.language_model.*` + a small vision tower) of the
     same language model, with its weights or with other random ones."""
-    from grpo_launch.presets.tiny_model import save_vision_language_layout
+    from grpo_tiny.model import save_vision_language_layout
 
     return save_vision_language_layout(text_dir, path, language_weights=same_weights)
 

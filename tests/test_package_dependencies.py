@@ -71,6 +71,7 @@ OPTIONAL_STACKS = frozenset(
 IMPLIED: dict[str, tuple[str, ...]] = {
     "torch.utils.tensorboard": ("tensorboard",),
     "mathruler.grader": ("sympy", "pylatexenc"),  # mathruler declares no dependencies
+    "transformers.Qwen3VLVideoProcessor": ("torchvision",),  # transformers' extra, not its dependency
 }
 
 

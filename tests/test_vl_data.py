@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from grpo_launch.presets import tiny_task, tiny_vl_model, tiny_vl_task
+from grpo_tiny import task as tiny_task
+from grpo_tiny import vl_model as tiny_vl_model
+from grpo_tiny import vl_task as tiny_vl_task
 from grpo_trainer.data import PromptDataset
 
 TOKENS_PER_IMAGE = (64 // 16) ** 2 // (2 * 2)  # 64x64 pixels, 16-pixel patches merged 2x2
@@ -242,7 +244,7 @@ def test_placeholder_ids_are_the_configs_vision_tokens_inside_the_vocabulary(tmp
     (vLLM refuses out-of-vocabulary ids in a logit bias)."""
     from transformers import AutoConfig
 
-    from grpo_launch.presets.tiny_model import save_vision_language_layout
+    from grpo_tiny.model import save_vision_language_layout
     from grpo_trainer.vision import placeholder_ids
 
     vl = AutoConfig.from_pretrained(tiny_vl_model.ensure_tiny_vl_model(tmp_path / "vl", texts=tiny_vl_task.corpus()))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_launch.presets import tiny_vl_model, tiny_vl_task
+from grpo_tiny import vl_model as tiny_vl_model
+from grpo_tiny import vl_task as tiny_vl_task
 from grpo_trainer.backends.megatron.mrope import InterleavedMRope, mrope_positions
 
 

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 import grpo_device
-from grpo_launch.presets import tiny_task, tiny_vl_model, tiny_vl_task
+from grpo_tiny import task as tiny_task
+from grpo_tiny import vl_model as tiny_vl_model
+from grpo_tiny import vl_task as tiny_vl_task
 from grpo_trainer.backends.megatron import megatron_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/trainer/tests/megatron"))

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_launch.presets import tiny_task, tiny_vl_model, tiny_vl_task
+from grpo_tiny import task as tiny_task
+from grpo_tiny import vl_model as tiny_vl_model
+from grpo_tiny import vl_task as tiny_vl_task
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """The packages installed as a user without the monorepo gets them: `hatch run build-wheels` writes
-the seven wheels to one folder, and a fresh virtual environment installs the launchers from that
+the eight wheels to one folder, and a fresh virtual environment installs the launchers from that
 folder alone (`pip install --no-index --find-links DIR`: an internal name can never be answered by
 a package registry). The third-party packages the wheels need are this environment's, seen through
 a path file (without the editable grpo packages), so the test downloads nothing; docs/INSTALL.md
@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("grpo_device", "grpo_config", "grpo_ckpt", "grpo_trainer", "grpo_launch", "grpo_launch_qwen35_35b", "grpo_launch_qwen35_122b")
+PACKAGES = ("grpo_device", "grpo_config", "grpo_ckpt", "grpo_tiny", "grpo_trainer", "grpo_launch", "grpo_launch_qwen35_35b", "grpo_launch_qwen35_122b")
 
 
 def _build_wheels(dist: Path) -> list[Path]:

@@ -34,7 +34,7 @@ def test_the_tiny_reward_loads_without_torch() -> None:
     pull in torch (grpo_device), Ray or transformers."""
     code = (
         "import sys; from grpo_trainer.rewards import load_custom_fn; "
-        "load_custom_fn('grpo_launch.presets.tiny_task:score'); "
+        "load_custom_fn('grpo_tiny.task:score'); "
         "print(sorted(m for m in ('torch', 'ray', 'transformers', 'grpo_device') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

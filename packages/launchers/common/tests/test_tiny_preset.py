@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 import grpo_config
 from grpo_launch import tiny_preset
 from grpo_launch.presets import TINY_DATA_SOURCE
-from grpo_launch.presets.tiny_task import SCORE_FN, score
+from grpo_tiny.task import SCORE_FN, score
 from grpo_trainer.rewards import RewardManager, UnknownDataSourceError, get_reward_fn, load_custom_fn
 
 
@@ -82,7 +82,7 @@ def test_building_twice_reuses_what_is_there(preset) -> None:
 
 def test_reward_travels_in_the_config_not_the_registry(preset) -> None:
     _, raw = preset
-    assert raw["reward"] == {"custom_fn": "grpo_launch.presets.tiny_task:score"} == {"custom_fn": SCORE_FN}
+    assert raw["reward"] == {"custom_fn": "grpo_tiny.task:score"} == {"custom_fn": SCORE_FN}
     assert grpo_config.load(raw).reward.custom_fn == SCORE_FN
     assert load_custom_fn(SCORE_FN) is score
     with pytest.raises(UnknownDataSourceError):  # one mechanism: nothing registered on import

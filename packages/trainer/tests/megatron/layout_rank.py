@@ -51,7 +51,8 @@ def vision_language_batch(model_path: str, scratch: Path, rows: int = ROWS) -> A
     three-token answer, right-padded; images of two sizes so the patch grids differ."""
     from transformers import AutoProcessor
 
-    from grpo_launch.presets import tiny_task, tiny_vl_task
+    from grpo_tiny import task as tiny_task
+    from grpo_tiny import vl_task as tiny_vl_task
     from grpo_trainer.data import PromptDataset
     from grpo_trainer.protocols import PolicyBatch
     from grpo_trainer.vision import pixel_inputs

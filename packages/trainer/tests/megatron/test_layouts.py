@@ -108,7 +108,8 @@ def sixteen_experts_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def vision_language_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpo_launch.presets import tiny_vl_model, tiny_vl_task
+    from grpo_tiny import vl_model as tiny_vl_model
+    from grpo_tiny import vl_task as tiny_vl_task
 
     return tiny_vl_model.ensure_tiny_vl_model(tmp_path_factory.mktemp("layout_vl") / "hf", texts=tiny_vl_task.corpus())
 

@@ -9,7 +9,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpo_launch.presets import tiny_model, tiny_task
+    from grpo_tiny import model as tiny_model
+    from grpo_tiny import task as tiny_task
 
     return tiny_model.ensure_tiny_model(tmp_path_factory.mktemp("tiny") / "model", texts=tiny_task.corpus())
 

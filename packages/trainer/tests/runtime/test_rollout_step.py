@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_launch.presets.tiny_task import DATA_SOURCE as TINY_DATA_SOURCE
-from grpo_launch.presets.tiny_task import score as tiny_score
+from grpo_tiny.task import DATA_SOURCE as TINY_DATA_SOURCE
+from grpo_tiny.task import score as tiny_score
 from grpo_trainer import grpo_math
 from grpo_trainer.data import PromptItem
 from grpo_trainer.protocols import SamplingParams

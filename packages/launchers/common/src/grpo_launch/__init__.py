@@ -3,7 +3,7 @@ environment, logging set-up, data preparation) and the built-in `tiny` preset.
 
 A model launcher package is a `LaunchProfile` plus a `main` that calls `run_launcher(PROFILE, argv)`.
 The `prepare-data` command is `python -m grpo_launch.prepare_data`. Names load on first use, so
-importing `grpo_launch.presets.tiny_task` (as reward worker processes do, through the tiny preset's
+importing `grpo_tiny.task` (as reward worker processes do, through the tiny preset's
 `reward.custom_fn`) does not pull in torch through grpo_device.
 """
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.presets import tiny_model, tiny_task
+from grpo_tiny import model as tiny_model
+from grpo_tiny import task as tiny_task
 
 TRAIN_ROWS = 256
 VAL_ROWS = 32

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grpo_launch.presets import tiny_vl_model, tiny_vl_task
 from grpo_launch.presets.tiny import ensure_data, tiny_config
+from grpo_tiny import vl_model as tiny_vl_model
+from grpo_tiny import vl_task as tiny_vl_task
 
 
 def tiny_vl_preset(workdir: Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import structlog
 
-from grpo_launch.presets import tiny_model
+from grpo_tiny import model as tiny_model
 
 log = structlog.get_logger()
 

@@ -12,7 +12,7 @@ import io
 import random
 from typing import Any
 
-from grpo_launch.presets import tiny_task
+from grpo_tiny import task as tiny_task
 
 DATA_SOURCE = "grpo/tiny_vl"
 SIDE = 64

@@ -21,7 +21,7 @@ DATA_SOURCE = "grpo/tiny"
 DIGITS = "0123456789"
 VERBS = ("repeat", "say", "echo", "copy")
 # The tiny preset's `reward.custom_fn`: `score` below.
-SCORE_FN = "grpo_launch.presets.tiny_task:score"
+SCORE_FN = "grpo_tiny.task:score"
 
 
 def score(solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None = None) -> float:
