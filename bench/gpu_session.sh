@@ -7,6 +7,7 @@
 #   prod[=ARGS]      bench/gpu_production_path.py (Megatron actor + vLLM rollout in train(); needs vLLM
 #                    (.vx1-.vx3) and Ray (.rayw) unpacked)
 #   sync[=ARGS]      bench/gpu_weight_sync.py (the full-size Qwen3.5-35B-A3B weight sync; needs vLLM)
+#   decode[=ARGS]    bench/gpu_rollout_decode.py (the cost model's decode / prefill / CPU-Adam constants; needs vLLM)
 #   e.g. bash bench/gpu_session.sh alloc tests train=--steps,50,--split,40 mfu=qwen3moe+gmm,8,32,8,768,2048,16,2048,4
 # The folders bench/gpu_prepare.sh builds travel in the calls it prints (each < 64 MiB); this script
 # first unpacks those present here into /tmp/site (bench/gpu_unpack.sh: a folder unpacked by an
@@ -19,7 +20,7 @@ for d in .vx1 .vx2 .vx3 .whl .rayw; do
   [ -d "$d" ] && { bash bench/gpu_unpack.sh "$d" || exit 1; }
 done
 root=$PWD
-export PYTHONPATH=/tmp/site:/tmp/site_fla:$root/packages/launchers/common/src:$root/packages/trainer/src:$root/packages/config/src:$root/packages/device/src:$root/packages/ckpt/src:$root/packages/trainer/tests/megatron
+export PYTHONPATH=/tmp/site:/tmp/site_fla:$root/packages/launchers/common/src:$root/packages/tiny/src:$root/packages/trainer/src:$root/packages/config/src:$root/packages/device/src:$root/packages/ckpt/src:$root/packages/trainer/tests/megatron
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
@@ -53,6 +54,12 @@ for part in "$@"; do
       VLLM_USE_FLASHINFER_SAMPLER=0 timeout 560 python3 bench/gpu_weight_sync.py --out "$OUT" ${args//,/ } 2>&1 \
         | grep -v "Loading weights\|Writing model" > "$OUT/weight_sync.log" || status=1
       grep '^RESULT' "$OUT/weight_sync.log"; tail -n 8 "$OUT/weight_sync.log" ;;
+    decode|decode=*)
+      args=${part#decode}; args=${args#=}
+      [ -f /tmp/site/vllm/__init__.py ] || { echo "COLD MACHINE: vLLM is not in /tmp/site"; exit 2; }
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 540 python3 bench/gpu_rollout_decode.py --out "$OUT" ${args//,/ } 2>&1 \
+        | grep -v "Loading weights\|Writing model\|Successfully reset prefix cache" > "$OUT/rollout_decode.log" || status=1
+      grep '^RESULT' "$OUT/rollout_decode.log"; grep '^\[' "$OUT/rollout_decode.log" | tail -n 12; tail -n 8 "$OUT/rollout_decode.log" ;;
     mfu=*) specs+=(--mfu "${part#mfu=}") ;;
     *) echo "unknown part: $part"; exit 2 ;;
   esac

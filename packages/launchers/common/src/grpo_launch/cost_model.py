@@ -47,7 +47,8 @@ DEVICES: dict[str, DeviceSpec] = {
 UPDATE_MFU = ((2048, 0.307), (4096, 0.407))
 # The log-prob passes (forward only, no recompute) run at the same MFU (assumed).
 # Decode reads every weight of its shard once per generated token (a large batch hits all experts),
-# at this share of HBM bandwidth (assumed; vLLM's decode is bandwidth-bound at these batch sizes).
+# at this share of HBM bandwidth (assumed; vLLM's decode is bandwidth-bound at these batch sizes;
+# bench/gpu_rollout_decode.py measures it and PREFILL_MFU when a GPU is lent).
 DECODE_HBM_EFFICIENCY = 0.5
 # Mean generated length as a share of the response budget (assumed: geo3k responses of the seeds'
 # budget; the run's own `response_length/mean` replaces it).
@@ -57,7 +58,10 @@ PREFILL_MFU = 0.3
 # Weight sync, GB/s per trainer process (measured: H200, 4 of the 35B's layers through /dev/shm
 # buckets, 1.16-1.31 GB/s; docs/benchmarks.md "Weight sync"). Processes sync their shards at once.
 SYNC_GBS_PER_PROCESS = 1.2
-# CPU Adam (optimizer_offload), parameters per second per device's share of host cores (assumed).
+# CPU Adam (optimizer_offload), parameters per second per device's share of host cores (assumed:
+# megatron-core's fused CPU AdamW ran 1.5-1.6e9 params/s on one vCPU of the development machine,
+# memory-bound, docs/benchmarks.md "Cost-model constants"; a GPU host's 8 ranks share its memory
+# bandwidth, so less is taken until bench/gpu_rollout_decode.py measures a GPU host).
 CPU_ADAM_PARAMS_PER_S = 1.0e9
 
 
