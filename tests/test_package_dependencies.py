@@ -59,8 +59,8 @@ NOT_INSTALLED: dict[str, tuple[str, ...]] = {
 }
 # A package's `test` extra: what its tests need beside the package (its own hatch env installs it).
 TEST_EXTRA = "test"
-# pytest plugins a `test` extra may declare without an import (used through markers and options).
-PYTEST_PLUGINS = frozenset({"pytest-timeout"})
+# pytest and its plugins: a `test` extra may declare them without an import (the runner, markers).
+PYTEST_PLUGINS = frozenset({"pytest", "pytest-timeout"})
 # Distributions that may be declared in an extra only; everything else imported belongs in `dependencies`.
 OPTIONAL_STACKS = frozenset(
     re.sub(r"[-_.]+", "-", dist).lower() for dists in NOT_INSTALLED.values() for dist in dists

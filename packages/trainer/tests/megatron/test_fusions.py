@@ -14,12 +14,9 @@ import torch
 from grpo_config.schema import ActorConfig, MegatronConfig, TrainerConfig
 from grpo_trainer.backends.megatron import megatron_available
 
-pytestmark = [
-    pytest.mark.megatron,
-    pytest.mark.skipif(
-        not megatron_available(), reason="megatron-bridge is not installed (use the megatron hatch env)"
-    ),
-]
+pytestmark = [pytest.mark.megatron]
+if not megatron_available():  # before the module-level imports further down, which need it
+    pytest.skip("megatron-bridge is not installed (`hatch run test` installs it)", allow_module_level=True)
 
 
 def _top_k_routing(tokens: int, experts: int, topk: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

