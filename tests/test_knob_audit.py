@@ -210,7 +210,7 @@ READ: dict[str, tuple[str, ...]] = {
     "ref.megatron.apply_rope_fusion": (REF_PROVIDER,),
     "ref.megatron.override_transformer_config": (LANDS_ON_PROVIDER,),
     "rollout.engine": (
-        f"{TRAINER}/vllm/test_vllm_grpo_loop.py::test_tiny_grpo_loop_runs_three_steps_on_vllm",
+        "tests/test_vllm_grpo_loop.py::test_tiny_grpo_loop_runs_three_steps_on_vllm",
         TINY_TRAIN,
     ),
     "rollout.dtype": (VLLM_SETTINGS, VLLM_KWARGS),
@@ -232,7 +232,7 @@ READ: dict[str, tuple[str, ...]] = {
     "rollout.tensor_parallel_size": (
         VLLM_KWARGS,
         f"{SETTINGS}::test_rollout_replicas_get_their_prompts_on_every_rank_and_answer_from_their_first",
-        f"{TRAINER}/vllm/test_vllm_replicas.py::test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update",
+        "tests/test_vllm_replicas.py::test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update",
     ),
     "rollout.gpu_memory_utilization": (VLLM_KWARGS,),
     "rollout.enforce_eager": (VLLM_SETTINGS,),
