@@ -218,6 +218,18 @@ def test_build_policy_imports_the_adaptor_before_its_megatron_imports(
     assert ascend.adaptor_saw == [[]]
 
 
+def test_importing_the_backend_imports_no_megatron_module() -> None:
+    """`make_backend` imports the backend's module before `import_megatron_stack` runs: if that
+    import loaded megatron-core, every NPU launch would stop at MindSpeed's order check. A fresh
+    interpreter, so that no earlier test's imports count."""
+    code = (
+        "import sys, grpo_trainer.backends.megatron.backend, grpo_trainer.backends.megatron as m; "
+        "loaded = [n for n in sys.modules if n == 'megatron' or n.startswith('megatron.')]; "
+        "assert loaded == [], loaded; m.megatron_available()"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_megatron_imported_first_is_refused(ascend: FakeAscend) -> None:
     import megatron.core  # noqa: F401  (the fake)
 

@@ -26,7 +26,6 @@ import structlog
 import torch
 
 from grpo_ckpt.vision_language import VISION_PREFIX
-from grpo_trainer.backends.megatron.fusions import rope_for_per_row_angles
 from grpo_trainer.backends.megatron.mrope import InterleavedMRope, mrope_positions
 
 log = structlog.get_logger()
@@ -83,6 +82,10 @@ def attach_hook(model_path: str, vl: VisionLanguage, *, trainable: bool) -> Any:
 
     def attach(chunks: list[torch.nn.Module]) -> list[torch.nn.Module]:
         from transformers import AutoConfig, AutoModel
+
+        # Here, not at module level: fusions imports megatron-core, which on NPU must come after
+        # MindSpeed's adaptor (`imports.import_megatron_stack`, run when the backend is built).
+        from grpo_trainer.backends.megatron.fusions import rope_for_per_row_angles
 
         logged_rope = False
         for chunk in chunks:
