@@ -68,7 +68,7 @@ def _hf_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int) -> li
 
 
 # The Megatron actor at TP2 (sequence parallel) on CPU ranks: the CUDA stand-ins of
-# ../megatron/cpu_ranks.py, installed in every Ray worker by a setup hook (docs/LAYOUTS.md).
+# packages/trainer/tests/megatron/cpu_ranks.py, installed in every Ray worker by a setup hook (docs/LAYOUTS.md).
 MEGATRON_TP2 = (
     "actor.backend=megatron",
     "parallel.tp=2",
@@ -78,7 +78,7 @@ MEGATRON_TP2 = (
     "actor.megatron.apply_rope_fusion=false",
     "actor.megatron.gradient_accumulation_fusion=false",
 )
-HARNESS = Path(__file__).resolve().parents[1] / "megatron"
+HARNESS = Path(__file__).resolve().parents[1] / "packages/trainer/tests/megatron"
 
 
 def _ray_for(backend: str) -> bool:
