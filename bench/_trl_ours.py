@@ -82,7 +82,7 @@ def notes(cfg: Any, spec: BenchSpec) -> list[str]:
 
 
 def run_ours(spec: BenchSpec, *, preset_dir: Path, workdir: Path, process_start: float) -> SideResult:
-    from grpo_trainer.metrics import read_metrics
+    from grpo_trainer.driver.metrics import read_metrics
     from grpo_trainer.trainer import train
 
     clock = StepEventClock()

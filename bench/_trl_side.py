@@ -185,7 +185,7 @@ def run_trl(
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
-    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+    from grpo_trainer.backends.hf_kernels import use_torch_kernels_on_cpu
 
     # The bench environment holds flash-linear-attention (megatron-core needs it): transformers <
     # 5.20 then binds Qwen3.5's Gated DeltaNet to FLA's Triton kernels, which have no CPU driver

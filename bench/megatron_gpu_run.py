@@ -112,7 +112,7 @@ def phase_grpo(out: Path, steps: int) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from grpo_trainer import grpo_math
+    from grpo_trainer.algo import grpo_math
     from grpo_trainer.backends.megatron import MegatronBackend
     from grpo_trainer.protocols import SamplingParams
     from grpo_trainer.rollout.hf_engine import HFRolloutEngine
@@ -185,7 +185,7 @@ def phase_grpo(out: Path, steps: int) -> None:
 def state_roundtrip(actor: Any, batch: Any, work: Path) -> None:
     """Checkpoint through grpo_ckpt, one more update, load back: log-probs return to the saved ones."""
     from grpo_ckpt import CheckpointManager
-    from grpo_trainer.actor_checkpoint import load_actor, save_actor
+    from grpo_trainer.workers.actor_checkpoint import load_actor, save_actor
 
     before = actor.log_probs(batch)["log_probs"]
     manager = CheckpointManager(work / "ckpt")
@@ -379,9 +379,9 @@ def phase_mfu(spec: str) -> None:
     """spec: family,layers,experts,topk,moe_ffn,hidden,batch,seq,micro."""
     import tiny_hf
 
-    from grpo_trainer.actor import Actor
     from grpo_trainer.backends.megatron import MegatronBackend
     from grpo_trainer.protocols import PolicyBatch
+    from grpo_trainer.workers.actor import Actor
 
     family, *numbers = spec.split(",")
     family, *options = family.split("+")  # e.g. qwen3moe+gmm+perm+rope (+unfused: megatron-core attention)

@@ -14,11 +14,13 @@ import torch
 
 import grpo_config
 from grpo_launch import tiny_preset
-from grpo_trainer import grpo_math
+from grpo_trainer.algo import grpo_math
 from grpo_trainer.batching import pad_rows
+from grpo_trainer.driver.rollout_modes import Colocated, make_rollout_mode
+from grpo_trainer.driver.timing import PhaseTimer
 from grpo_trainer.protocols import Generation
 from grpo_trainer.rewards import RewardResult
-from grpo_trainer.trainer import PhaseTimer, _Run
+from grpo_trainer.trainer import _Run
 
 SMALL = [
     "data.train_batch_size=4",
@@ -48,9 +50,32 @@ def make_run(preset) -> Iterator:
         run.rewards.close()
 
 
+class _ScriptedEngines:
+    """Stands in for the colocated engines (the policy workers' rollout side): `generate(chunks,
+    params)` answers each round; waking, sleeping and the weight sync do nothing."""
+
+    world_size = 1
+
+    def __init__(self, generate) -> None:
+        self.script = generate
+
+    def rollout_wake(self) -> None:
+        pass
+
+    def rollout_sleep(self) -> None:
+        pass
+
+    def sync_weights(self) -> None:
+        pass
+
+    def generate(self, prompts, params, *, vision=None, on_done=None):
+        return self.script(prompts, params)
+
+
 def _script(run: _Run, rounds: list[list[float]], lengths: list[list[int]] | None = None) -> list:
     """Round r's generations get scores `rounds[r]` (n per prompt, prompt order) and, when given,
-    response lengths `lengths[r]`; returns the sampling params each round was called with."""
+    response lengths `lengths[r]`; returns the sampling params each round was called with. The run's
+    rollout mode is the colocated one `train()` builds, over scripted engines."""
     calls: list = []
     scores = iter(rounds)
     sizes = iter(lengths) if lengths is not None else None
@@ -69,9 +94,22 @@ def _script(run: _Run, rounds: list[list[float]], lengths: list[list[int]] | Non
             out.append(gens)
         return out
 
-    run.generate = generate
+    run.mode = make_rollout_mode(
+        run.cfg,
+        _ScriptedEngines(generate),
+        planner=run.planner,
+        scorer=run.scorer,
+        vision=run.vision,
+        sampler=run.sampler,
+        total_steps=run.total_steps,
+    )
+    assert isinstance(run.mode, Colocated)
     run.rewards.score = lambda items: RewardResult(scores=next(scores)[: len(items)])
     return calls
+
+
+def _sample(run: _Run, prompts) -> object:
+    return run.mode.sample(run.step, prompts, PhaseTimer())
 
 
 def _prompts(run: _Run, seen: list | None = None):
@@ -92,7 +130,7 @@ def test_dynamic_sampling_drops_equal_groups_and_generates_until_the_batch_is_fu
     # 4 prompts x n=2 per round. Round 1 keeps groups 1 and 3; round 2 keeps 0, 1 and 3.
     calls = _script(run, [[1, 1, 0, 1, 0, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0, 1]])
     seen: list = []
-    sampled = run.sample(_prompts(run, seen), PhaseTimer())
+    sampled = _sample(run, _prompts(run, seen))
     # The first 4 groups kept, in order: round 1's prompts 1 and 3, round 2's prompts 0 and 1.
     rollout = sampled.rollout
     assert len(seen) == 2 and len(rollout.generations) == 4 * 2
@@ -114,14 +152,14 @@ def test_dynamic_sampling_stops_with_an_error_at_the_round_limit(make_run) -> No
     _script(run, [[1, 1, 0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 0, 0]])
     prompts = _prompts(run)
     with pytest.raises(RuntimeError, match=r"kept 1 of the 4 prompts .* after 2 generation rounds .* 7 of 8 groups"):
-        run.sample(prompts, PhaseTimer())
+        _sample(run, prompts)
 
 
 def test_without_dynamic_sampling_every_group_is_trained(make_run) -> None:
     run = make_run(*SMALL)
     _script(run, [[1, 1, 0, 0, 1, 1, 0, 0]])
     prompts = _prompts(run)
-    sampled = run.sample(prompts, PhaseTimer())
+    sampled = _sample(run, prompts)
     assert len(sampled.rollout.generations) == 8 and "train/num_gen_batches" not in sampled.metrics
 
 
@@ -140,9 +178,9 @@ def test_the_filter_metric_sees_the_overlong_penalty_or_not(make_run, metric, ke
     prompts = _prompts(run)
     if kept == 0:
         with pytest.raises(RuntimeError, match="kept 0 of the 4"):
-            run.sample(prompts, PhaseTimer())
+            _sample(run, prompts)
         return
-    sampled = run.sample(prompts, PhaseTimer())
+    sampled = _sample(run, prompts)
     # budget 8, buffer 4: penalty -(length - 4) / 4 above 4 tokens
     expected = [1.0 - max(length - 4, 0) / 4 for length in (2, 8, 3, 7, 1, 6, 4, 8)]
     assert sampled.rewards.tolist() == pytest.approx(expected)
@@ -158,7 +196,7 @@ def test_the_overlong_penalty_counts_from_max_response_length_when_given(make_ru
     for limit, expected_at in ((None, 8), (6, 6)):
         run = make_run(*SMALL, *shaped, *([f"reward.overlong_buffer.max_response_length={limit}"] if limit else []))
         _script(run, [[0.0] * 8], lengths=[lengths])
-        sampled = run.sample(_prompts(run), PhaseTimer())
+        sampled = _sample(run, _prompts(run))
         expected = [-max(length - (expected_at - 2), 0) / 2 for length in lengths]
         assert sampled.rewards.tolist() == pytest.approx(expected)
 
@@ -169,7 +207,7 @@ def test_overlong_shaping_logs_only_when_asked(make_run) -> None:
         run = make_run(*SMALL, *shaped, f"reward.overlong_buffer.log={str(log).lower()}")
         _script(run, [[0.0] * 8], lengths=[[8, 8, 6, 6, 7, 7, 2, 2]])
         prompts = _prompts(run)
-        sampled = run.sample(prompts, PhaseTimer())
+        sampled = _sample(run, prompts)
         assert set(sampled.metrics) == names
         if log:
             # budget 8, buffer 2: lengths 8 lose 0.5, 7 lose 0.25, 6 and 2 nothing
@@ -186,7 +224,7 @@ def _batch_with_log_probs(run: _Run, sampled) -> object:
         rollout_log_probs=[g.logprobs for g in rollout.generations],
     )
     g = torch.Generator().manual_seed(0)
-    batch.old_log_probs = batch.extra["rollout_log_probs"] + torch.randn(batch.input_ids.shape, generator=g) * 0.5
+    batch.old_log_probs = batch.rollout_log_probs + torch.randn(batch.input_ids.shape, generator=g) * 0.5
     return batch
 
 
@@ -201,7 +239,7 @@ def test_overlong_filtering_and_rollout_correction_shape_the_loss_mask_and_weigh
     )
     _script(run, [[0.0] * 8], lengths=[[8, 3, 8, 2, 5, 8, 1, 4]])
     prompts = _prompts(run)
-    sampled = run.sample(prompts, PhaseTimer())
+    sampled = _sample(run, prompts)
     for gen in sampled.rollout.generations:
         gen.finish_reason = "length" if len(gen.token_ids) == 8 else "stop"
     batch = _batch_with_log_probs(run, sampled)
@@ -212,7 +250,7 @@ def test_overlong_filtering_and_rollout_correction_shape_the_loss_mask_and_weigh
     for row, was_cut in enumerate(cut):
         if was_cut:
             assert batch.response_mask[row].sum() == 0
-    lr = batch.old_log_probs - batch.extra["rollout_log_probs"]
+    lr = batch.old_log_probs - batch.rollout_log_probs
     kept = (positions > 0) & ~torch.tensor(cut).unsqueeze(-1) & (0.5 * lr.square() <= 0.1)
     assert torch.equal(batch.response_mask > 0, kept)
     expected = torch.where(positions > 0, torch.exp(lr).clamp(max=1.5), torch.zeros_like(lr))
@@ -235,7 +273,7 @@ def test_overlong_filtering_and_rollout_correction_shape_the_loss_mask_and_weigh
 def test_kl_in_reward_settings_shape_the_rewards(make_run, overrides, kind, next_coef) -> None:
     run = make_run(*SMALL, "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.05", *overrides)
     _script(run, [[1.0, 0.0] * 4])
-    sampled = run.sample(_prompts(run), PhaseTimer())
+    sampled = _sample(run, _prompts(run))
     batch = _batch_with_log_probs(run, sampled)
     batch.ref_log_probs = batch.old_log_probs + 0.3 * torch.randn(batch.old_log_probs.shape, generator=torch.Generator().manual_seed(1))
     final, metrics = run.final_rewards(sampled.rewards, batch)
@@ -262,14 +300,11 @@ class _RecordingWorkers:
 
     def log_probs(self, batch, shards, *, ref: bool = False):
         g = torch.Generator().manual_seed(7 if ref else 3)
-        return batch.extra["rollout_log_probs"] + torch.randn(batch.input_ids.shape, generator=g) * 0.4
+        return batch.rollout_log_probs + torch.randn(batch.input_ids.shape, generator=g) * 0.4
 
     def update(self, batch, shards, *, num_mini_batches: int, ppo_epochs: int) -> dict[str, float]:
         self.updated.append(batch)
         return {"pg_loss": 0.0, "step_skipped": 0.0}
-
-    def sync_weights(self) -> None:
-        pass
 
 
 def test_the_update_receives_the_corrected_mask_weights_and_kl_shaped_advantages(make_run) -> None:
@@ -289,7 +324,8 @@ def test_the_update_receives_the_corrected_mask_weights_and_kl_shaped_advantages
     scores = [1.0, 0.0, 0.5, 0.5, 1.0, 0.0, 0.0, 1.0]
     _script(run, [scores], lengths=[[8, 3, 4, 2, 5, 8, 1, 4]])
     run.workers = workers = _RecordingWorkers()
-    original_generate = run.generate
+    engines = run.mode.engines
+    original_generate = engines.script
 
     def generate_with_finish_reasons(chunks, params):
         outputs = original_generate(chunks, params)
@@ -298,10 +334,10 @@ def test_the_update_receives_the_corrected_mask_weights_and_kl_shaped_advantages
                 gen.finish_reason = "length" if len(gen.token_ids) == 8 else "stop"
         return outputs
 
-    run.generate = generate_with_finish_reasons
+    engines.script = generate_with_finish_reasons
     metrics = run.train_step(_prompts(run))
     (batch,) = workers.updated
-    rollout_lp = batch.extra["rollout_log_probs"]
+    rollout_lp = batch.rollout_log_probs
     positions = rollout_lp != 0
     old, ref = batch.old_log_probs, batch.ref_log_probs
     lr = (old - rollout_lp) * positions
@@ -343,7 +379,7 @@ def test_bypass_mode_takes_the_engines_log_probs_as_the_old_policys(make_run, by
     run.workers = workers = _CountingWorkers()
     metrics = run.train_step(_prompts(run))
     (batch,) = workers.updated
-    rollout_lp = batch.extra["rollout_log_probs"]
+    rollout_lp = batch.rollout_log_probs
     assert workers.log_prob_calls == ([True] if bypass else [False, True])
     assert torch.equal(batch.old_log_probs, rollout_lp) is bypass
     positions = (rollout_lp != 0).double()

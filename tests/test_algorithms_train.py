@@ -13,7 +13,7 @@ import pytest
 import grpo_config
 from grpo_launch import tiny_preset
 from grpo_trainer import read_metrics, train
-from grpo_trainer.worker_group import ensure_ray
+from grpo_trainer.workers.group import ensure_ray
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

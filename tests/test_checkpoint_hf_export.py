@@ -15,7 +15,7 @@ import pytest
 import grpo_config
 from grpo_ckpt import CheckpointManager, StrictExportError
 from grpo_launch import tiny_preset
-from grpo_trainer.worker import HF_EXPORT_DIR, PolicyWorker
+from grpo_trainer.workers.policy_worker import HF_EXPORT_DIR, PolicyWorker
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -16,7 +16,7 @@ import pytest
 import grpo_config
 from grpo_launch.cost_model import DEVICES, GB, SYNC_GBS_PER_PROCESS, update_mfu
 from grpo_launch.layout_planner import Family, Heads, Layout, apply, current_layout, estimate, layouts
-from grpo_trainer.memory_plan import ModelCounts
+from grpo_launch.memory_plan import ModelCounts
 
 PROFILES = [
     ("grpo-launch-35b", "gpu", "TP2 PP1 EP8, rollout TP8 (offload, full recompute)"),
@@ -122,11 +122,11 @@ def test_the_shipped_counts_are_those_of_the_shipped_config(launcher: str) -> No
     config.json (same sha256): it must hold what counting the model gives."""
     import json
 
-    from grpo_trainer.memory_plan import COUNTS_FILE, _config_hash, _counted, model_counts
+    from grpo_launch.memory_plan import COUNTS_FILE, _config_hash, _counted, model_counts
 
     directory = Path(__file__).parents[1] / "packages" / "launchers" / launcher / "src" / f"grpo_launch_{launcher}" / "architecture"
     stored = json.loads((directory / COUNTS_FILE).read_text())
-    fix = f"regenerate: python -c \"from grpo_trainer.memory_plan import write_counts; write_counts(Path('{directory}'))\""
+    fix = f"regenerate: python -c \"from grpo_launch.memory_plan import write_counts; write_counts(Path('{directory}'))\""
     assert stored["config_sha256"] == _config_hash(directory), fix
     assert model_counts(str(directory)) == _counted(str(directory)), fix
 
@@ -146,8 +146,8 @@ def test_the_cluster_flags_without_plan_are_refused(tmp_path: Path) -> None:
 def test_the_interconnect_the_user_names_changes_the_estimate() -> None:
     """--inter-node-gbs: an expert-parallel group across nodes is priced at the named bandwidth."""
     from grpo_launch.cost_model import device_spec
+    from grpo_launch.memory_plan import model_counts
     from grpo_launch_qwen35_122b.profile import PROFILE
-    from grpo_trainer.memory_plan import model_counts
 
     counts = model_counts(str(PROFILE.architecture))
     cfg = apply(grpo_config.load(PROFILE.config_for("gpu"), num_experts=256), Layout(2, 1, 16, 8, True, True))

@@ -1,4 +1,4 @@
-"""The memory plan (`grpo_trainer.memory_plan`): against the peaks measured on one H200
+"""The memory plan (`grpo_launch.memory_plan`): against the peaks measured on one H200
 (docs/benchmarks.md, "Memory plan"), in the launchers' `--dry-run`, and refusing an oversized
 launch before it starts, with the numbers. Parameter counts come from transformers' classes on the
 meta device (real configs written to disk, no weights)."""
@@ -15,7 +15,7 @@ import structlog
 import yaml
 
 from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, MegatronConfig, TrainerConfig
-from grpo_trainer.memory_plan import CONTEXT_BYTES, GIB, model_counts, pipeline_in_flight, plan_memory
+from grpo_launch.memory_plan import CONTEXT_BYTES, GIB, model_counts, pipeline_in_flight, plan_memory
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages/trainer/tests/megatron"))

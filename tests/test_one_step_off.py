@@ -91,8 +91,8 @@ def test_a_cluster_without_the_rollout_devices_is_refused_at_once(ray_cluster, m
     stands in for a GPU cluster (there is none here)."""
     import ray
 
-    from grpo_trainer.rollout_workers import RolloutWorkers
-    from grpo_trainer.worker_group import WorkerError
+    from grpo_trainer.workers.group import WorkerError
+    from grpo_trainer.workers.rollout_workers import RolloutWorkers
 
     cfg = grpo_config.load(
         None,

@@ -16,7 +16,7 @@ import grpo_config
 from grpo_launch import tiny_preset
 from grpo_trainer.protocols import SamplingParams
 from grpo_trainer.trainer import _Run
-from grpo_trainer.worker import MIN_COLLECTIVE_TIMEOUT_S, collective_timeout_s
+from grpo_trainer.workers.policy_worker import MIN_COLLECTIVE_TIMEOUT_S, collective_timeout_s
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +80,15 @@ def test_sampling_parameters_of_training_and_validation(preset) -> None:
         "rollout.val_top_p=0.8",
         "rollout.val_top_k=3",
     )
-    train, val = run.sampling_params(validation=False), run.sampling_params(validation=True)
+    train, val = run.planner.sampling_params(validation=False), run.planner.sampling_params(validation=True)
     assert (train.n, train.temperature, train.top_p, train.top_k, train.max_tokens) == (4, 0.7, 0.9, 5, 6)
     assert (val.n, val.temperature, val.top_p, val.top_k, val.max_tokens) == (2, 0.3, 0.8, 3, 6)
     # verl's val_kwargs.do_sample=False (the default): greedy, one response, whatever the val_* say.
-    greedy = _run(preset, "rollout.top_p=0.9", "rollout.val_n=2", "rollout.val_temperature=0.3").sampling_params(
+    greedy = _run(preset, "rollout.top_p=0.9", "rollout.val_n=2", "rollout.val_temperature=0.3").planner.sampling_params(
         validation=True
     )
     assert (greedy.n, greedy.temperature, greedy.top_p, greedy.top_k) == (1, 0.0, 1.0, -1)
-    assert _run(preset).sampling_params(validation=False).max_tokens == preset["data"]["max_response_length"]
+    assert _run(preset).planner.sampling_params(validation=False).max_tokens == preset["data"]["max_response_length"]
 
 
 def test_the_reward_settings_reach_the_reward_manager(preset) -> None:
@@ -161,8 +161,8 @@ def test_each_phase_waits_as_long_as_its_timeout_setting(preset, monkeypatch) ->
     setting; device.nnodes x device.devices_per_node is the number of ranks started."""
     import ray
 
-    from grpo_trainer import policy_workers
     from grpo_trainer.batching import pad_rows
+    from grpo_trainer.workers import policy_workers
 
     monkeypatch.setattr(policy_workers, "WorkerGroup", _RecordingGroup)
     monkeypatch.setattr(ray, "put", lambda value: value)
@@ -216,7 +216,7 @@ def test_rollout_replicas_get_their_prompts_on_every_rank_and_answer_from_their_
     and the replica's generations are read from its first rank."""
     import ray
 
-    from grpo_trainer import policy_workers
+    from grpo_trainer.workers import policy_workers
 
     monkeypatch.setattr(policy_workers, "WorkerGroup", _RecordingGroup)
     monkeypatch.setattr(ray, "put", lambda value: value)
@@ -239,6 +239,6 @@ def test_rollout_replicas_get_their_prompts_on_every_rank_and_answer_from_their_
 def test_a_replica_stays_on_one_node(preset) -> None:
     with pytest.raises(grpo_config.ConfigError, match=r"does not divide device\.devices_per_node=2: a rollout replica"):
         _run(preset, "device.nnodes=2", "rollout.engine=vllm", "rollout.tensor_parallel_size=4")
-    assert _run(preset, "rollout.engine=vllm", "rollout.tensor_parallel_size=2").replicas.count == 1
+    assert _run(preset, "rollout.engine=vllm", "rollout.tensor_parallel_size=2").planner.replicas == 1
 
 

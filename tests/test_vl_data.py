@@ -79,9 +79,9 @@ def test_the_driver_reads_the_images_through_the_model_s_processor(tmp_path: Pat
     preset = tiny_preset(tmp_path / "preset")
     overrides = [f"actor.model_path={model_dir}", f"data.train_files=[{data_file}]", "data.val_files=[]", "data.max_prompt_length=64", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_device=16"]
     run = _Run(grpo_config.load(preset, overrides))  # hf engine, torch backend: the images go in
-    assert run.processor is not None and len(run.train_data) == 4
-    vision = run.vision_of(run.train_data[0])
-    assert vision["image_grid_thw"].tolist() == [[1, 4, 4]] and run.vision_of(run.train_data[0]) is vision
+    assert run.vision.processor is not None and len(run.train_data) == 4
+    vision = run.vision.of(run.train_data[0])
+    assert vision["image_grid_thw"].tolist() == [[1, 4, 4]] and run.vision.of(run.train_data[0]) is vision
     run.rewards.close()
 
 
@@ -92,8 +92,8 @@ def test_vision_inputs_reach_the_model_and_its_log_probs_follow_the_image(tmp_pa
     import torch
     from transformers import AutoModelForImageTextToText
 
+    from grpo_trainer.backends.hf_kernels import use_torch_kernels_on_cpu
     from grpo_trainer.backends.hf_model import token_log_probs
-    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
     from grpo_trainer.vision import join_rows, pixel_inputs
 
     use_torch_kernels_on_cpu()
@@ -125,7 +125,7 @@ def test_the_hf_engine_generates_from_the_image(tmp_path: Path, processor) -> No
     the same seed, another image gives other log-probs (and text prompts beside it still work)."""
     from transformers import AutoModelForImageTextToText
 
-    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+    from grpo_trainer.backends.hf_kernels import use_torch_kernels_on_cpu
     from grpo_trainer.protocols import SamplingParams
     from grpo_trainer.rollout.hf_engine import HFRolloutEngine
     from grpo_trainer.vision import pixel_inputs
@@ -200,10 +200,10 @@ def test_one_update_with_images_trains_the_vision_tower_unless_frozen(tmp_path: 
     import torch
 
     import grpo_config
-    from grpo_trainer.actor import Actor
     from grpo_trainer.backends.torch_backend import TorchBackend
     from grpo_trainer.batching import pad_rows
     from grpo_trainer.vision import pixel_inputs
+    from grpo_trainer.workers.actor import Actor
 
     model_dir = tiny_vl_model.ensure_tiny_vl_model(tmp_path / "vl_model", texts=tiny_vl_task.corpus())
     rows = tiny_vl_task.make_rows(count=4, seed=6, split="train")

@@ -95,8 +95,8 @@ def _batch(vl, images_of: list[int]):
 
 
 def _actor(model_dir: Path, *, freeze: bool):
-    from grpo_trainer.actor import Actor
     from grpo_trainer.backends.megatron import MegatronBackend
+    from grpo_trainer.workers.actor import Actor
 
     cfg = _cfg(model_dir, freeze=freeze)
     return Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_dir)))
@@ -183,7 +183,7 @@ def test_a_checkpoint_restores_the_tower_and_its_optimizer_state(actor, vl, tmp_
     log-probs with images are the saved ones, and an update from the loaded state moves the tower
     as the live one did (its Adam moments came back)."""
     from grpo_ckpt import CheckpointManager
-    from grpo_trainer.actor_checkpoint import load_actor, save_actor
+    from grpo_trainer.workers.actor_checkpoint import load_actor, save_actor
 
     batch = _batch(vl, images_of=[0, 1, 2, 3])
     batch.old_log_probs = actor.log_probs(batch)["log_probs"]

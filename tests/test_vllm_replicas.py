@@ -86,7 +86,7 @@ def _ray_for(backend: str) -> bool:
 
     import ray
 
-    from grpo_trainer.worker_group import ensure_ray
+    from grpo_trainer.workers.group import ensure_ray
 
     if backend == "torch":
         return ensure_ray(num_cpus=2)
@@ -117,9 +117,9 @@ def test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update
     from transformers import AutoTokenizer
 
     from grpo_trainer.batching import dp_row_split, pad_rows
-    from grpo_trainer.policy_workers import PolicyWorkers
+    from grpo_trainer.driver.sampling import split_ranks
     from grpo_trainer.protocols import SamplingParams
-    from grpo_trainer.rollout_step import split_ranks
+    from grpo_trainer.workers.policy_workers import PolicyWorkers
 
     cfg = _config(
         tmp_path,

@@ -9,8 +9,8 @@ import pytest
 def _torch_kernels_for_cpu_tensors() -> None:
     """Tests build Hugging Face Qwen3.5 models directly too, not only through `load_causal_lm`: CPU
     tensors take transformers' PyTorch Gated DeltaNet path even where FLA is installed
-    (`grpo_trainer.hf_kernels`)."""
-    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+    (`grpo_trainer.backends.hf_kernels`)."""
+    from grpo_trainer.backends.hf_kernels import use_torch_kernels_on_cpu
 
     use_torch_kernels_on_cpu()
 
@@ -18,7 +18,7 @@ def _torch_kernels_for_cpu_tensors() -> None:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray cluster of 2 CPUs for the module's Ray workers (one already running is kept)."""
-    from grpo_trainer.worker_group import ensure_ray, shutdown_ray
+    from grpo_trainer.workers.group import ensure_ray, shutdown_ray
 
     started = ensure_ray(num_cpus=2)
     yield

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_trainer import grpo_math as gm
+from grpo_trainer.algo import grpo_math as gm
 
 # ---------------------------------------------------------------- reference implementation
 

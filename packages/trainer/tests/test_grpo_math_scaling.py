@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_trainer import grpo_math as gm
+from grpo_trainer.algo import grpo_math as gm
 
 B, T, D = 9, 8, 4
 # rank -> micro-batches as row ranges; rank 0 holds 5 rows (3 + 2), rank 1 holds 4 (1 + 3)

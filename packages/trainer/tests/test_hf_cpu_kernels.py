@@ -10,8 +10,8 @@ import types
 import pytest
 import torch
 
-from grpo_trainer import hf_cpu_kernels, hf_kernels
-from grpo_trainer.hf_cpu_kernels import (
+from grpo_trainer.backends import hf_cpu_kernels, hf_kernels
+from grpo_trainer.backends.hf_cpu_kernels import (
     causal_conv1d,
     causal_conv1d_update,
     chunk_gated_delta_rule,

@@ -13,8 +13,8 @@ import types
 import pytest
 import torch
 
-from grpo_trainer import hf_kernels
-from grpo_trainer.hf_kernels import (
+from grpo_trainer.backends import hf_kernels
+from grpo_trainer.backends.hf_kernels import (
     FUNCTIONS,
     chunk_size_for,
     use_torch_kernels_on_cpu,
@@ -124,7 +124,7 @@ def test_packed_rows_run_each_sequence_on_its_own_through_the_cpu_kernels(monkey
     packed row (boundaries in `cu_seq_lens_q` / `cu_seqlens`) equal the same functions run on each
     sequence apart; initial states go in and final states come out per sequence."""
     modeling = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
-    from grpo_trainer.hf_kernels import segment_packed_sequences_on_cpu
+    from grpo_trainer.backends.hf_kernels import segment_packed_sequences_on_cpu
 
     for name in ("causal_conv1d_fn", "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
         function = getattr(modeling, name)

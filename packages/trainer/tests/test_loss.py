@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import grpo_config
-from grpo_trainer import grpo_math
-from grpo_trainer.loss import METRIC_NAMES, GRPOLoss, LossScale
+from grpo_trainer.algo import grpo_math
+from grpo_trainer.algo.loss import METRIC_NAMES, GRPOLoss, LossScale
 from grpo_trainer.protocols import PolicyBatch
 
 

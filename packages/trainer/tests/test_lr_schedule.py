@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_trainer.lr_schedule import LRSchedule
+from grpo_trainer.algo.lr_schedule import LRSchedule
 
 
 def test_linear_warmup_then_constant_and_state_round_trip() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_trainer import grpo_math as gm
+from grpo_trainer.algo import grpo_math as gm
 
 
 def _inputs(seed: int, rows: int = 5, width: int = 7):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from grpo_config.schema import ActorConfig, ParallelConfig, TrainerConfig
-from grpo_trainer.resume_layout import (
+from grpo_trainer.driver.resume_layout import (
     LAYOUT_KEY,
     ResumeLayoutError,
     check_resume_layout,

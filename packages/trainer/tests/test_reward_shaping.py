@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from grpo_config.schema import KLControlConfig
-from grpo_trainer.reward_shaping import KLController, kl_reward_penalty, overlong_penalty
-from grpo_trainer.rollout_step import groups_with_spread
+from grpo_trainer.algo.reward_shaping import KLController, kl_reward_penalty, overlong_penalty
+from grpo_trainer.driver.sampling import groups_with_spread
 
 
 def test_overlong_penalty_ramps_over_the_buffer() -> None:

@@ -14,7 +14,7 @@ import torch
 
 from grpo_config.rejection import parse_rejection
 from grpo_config.schema import RolloutCorrectionConfig
-from grpo_trainer.rollout_correction import (
+from grpo_trainer.algo.rollout_correction import (
     RolloutCorrection,
     importance_weights,
     mismatch_metrics,

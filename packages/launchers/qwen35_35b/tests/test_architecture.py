@@ -8,8 +8,8 @@ import json
 
 from transformers import AutoConfig, Qwen3_5MoeConfig
 
+from grpo_launch.memory_plan import model_counts
 from grpo_launch_qwen35_35b import PROFILE
-from grpo_trainer.memory_plan import model_counts
 
 TEXT = {
     "num_hidden_layers": 40,

@@ -13,12 +13,10 @@ from typing import TYPE_CHECKING, Any
 from grpo_trainer.version import __version__
 
 if TYPE_CHECKING:
-    from grpo_trainer.actor import Actor
+    from grpo_trainer.algo.loss import GRPOLoss
     from grpo_trainer.backends import make_backend
     from grpo_trainer.backends.torch_backend import TorchBackend
-    from grpo_trainer.loss import GRPOLoss
-    from grpo_trainer.metrics import MetricsLogger, plot_metrics, read_metrics
-    from grpo_trainer.policy_workers import PolicyWorkers
+    from grpo_trainer.driver.metrics import MetricsLogger, plot_metrics, read_metrics
     from grpo_trainer.protocols import (
         Generation,
         PolicyBackend,
@@ -28,28 +26,30 @@ if TYPE_CHECKING:
     )
     from grpo_trainer.rollout import HFRolloutEngine, make_rollout_engine
     from grpo_trainer.trainer import TrainResult, train
-    from grpo_trainer.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError
+    from grpo_trainer.workers.actor import Actor
+    from grpo_trainer.workers.group import WorkerError, WorkerGroup, WorkerTimeoutError
+    from grpo_trainer.workers.policy_workers import PolicyWorkers
 
 _EXPORTS = {
-    "Actor": "grpo_trainer.actor",
-    "GRPOLoss": "grpo_trainer.loss",
+    "Actor": "grpo_trainer.workers.actor",
+    "GRPOLoss": "grpo_trainer.algo.loss",
     "Generation": "grpo_trainer.protocols",
     "HFRolloutEngine": "grpo_trainer.rollout",
-    "MetricsLogger": "grpo_trainer.metrics",
+    "MetricsLogger": "grpo_trainer.driver.metrics",
     "PolicyBackend": "grpo_trainer.protocols",
     "PolicyBatch": "grpo_trainer.protocols",
-    "PolicyWorkers": "grpo_trainer.policy_workers",
+    "PolicyWorkers": "grpo_trainer.workers.policy_workers",
     "RolloutEngine": "grpo_trainer.protocols",
     "SamplingParams": "grpo_trainer.protocols",
     "TorchBackend": "grpo_trainer.backends.torch_backend",
     "TrainResult": "grpo_trainer.trainer",
-    "WorkerError": "grpo_trainer.worker_group",
-    "WorkerGroup": "grpo_trainer.worker_group",
-    "WorkerTimeoutError": "grpo_trainer.worker_group",
+    "WorkerError": "grpo_trainer.workers.group",
+    "WorkerGroup": "grpo_trainer.workers.group",
+    "WorkerTimeoutError": "grpo_trainer.workers.group",
     "make_backend": "grpo_trainer.backends",
     "make_rollout_engine": "grpo_trainer.rollout",
-    "plot_metrics": "grpo_trainer.metrics",
-    "read_metrics": "grpo_trainer.metrics",
+    "plot_metrics": "grpo_trainer.driver.metrics",
+    "read_metrics": "grpo_trainer.driver.metrics",
     "train": "grpo_trainer.trainer",
 }
 

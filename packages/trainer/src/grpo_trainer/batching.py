@@ -54,9 +54,11 @@ def pad_rows(
         response_mask[i, p : p + r] = 1.0
         if rollout_log_probs is not None:
             rollout_lp[i, p : p + r] = torch.tensor(rollout_log_probs[i], dtype=torch.float32)
-    extra = {} if rollout_log_probs is None else {"rollout_log_probs": rollout_lp}
     return PolicyBatch(
-        input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, extra=extra
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        rollout_log_probs=rollout_lp if rollout_log_probs is not None else None,
     )
 
 
@@ -108,9 +110,7 @@ def take_rows(
         t = t[:, :width]
         return torch.nn.functional.pad(t, (0, pad)) if pad else t
 
-    tensors = {f.name: pick(getattr(batch, f.name)) for f in dataclasses.fields(PolicyBatch) if f.name != "extra"}
-    extra = {k: pick(v) if isinstance(v, torch.Tensor) else v for k, v in batch.extra.items()}
-    return PolicyBatch(**tensors, extra=extra)
+    return PolicyBatch(**{f.name: pick(getattr(batch, f.name)) for f in dataclasses.fields(PolicyBatch)})
 
 
 def row_lengths(batch: PolicyBatch) -> list[int]:

@@ -4,7 +4,7 @@ rollout engines in `grpo_trainer.rollout`, policy backends in `grpo_trainer.back
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -65,7 +65,8 @@ class PolicyBatch:
     rollout_is_weights: torch.Tensor | None = None
     # Per row, its prompt's vision inputs (`grpo_trainer.vision`; None for a text prompt).
     vision: list[dict[str, torch.Tensor] | None] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # The rollout engine's log-prob of each response token [B, T] (0 elsewhere), when it gave them.
+    rollout_log_probs: torch.Tensor | None = None
 
 
 # Per-token outputs of one micro-batch: {"log_probs": [B, T], "entropy": [B, T]}.
@@ -81,7 +82,7 @@ class StepResult:
 
 
 class MicroLoss(Protocol):
-    """A micro-batch's loss, written once in `grpo_trainer.loss`; backends only call it:
+    """A micro-batch's loss, written once in `grpo_trainer.algo.loss`; backends only call it:
     (the micro-batch's index in the list handed to `forward_backward`, the policy's per-token
     log-probs [B, T] and entropy [B, T], both with gradient) -> (the loss to back-propagate, a 1-D
     tensor of `num_metrics` metric sums). Entropy needs a gradient only when
@@ -97,7 +98,7 @@ class MicroLoss(Protocol):
 
 @runtime_checkable
 class PolicyBackend(Protocol):
-    """The primitives a policy implementation offers; `grpo_trainer.actor.Actor` composes them into
+    """The primitives a policy implementation offers; `grpo_trainer.workers.actor.Actor` composes them into
     log-prob passes and updates (batching, loss, LR schedule and metrics live there, once).
 
     Micro-batches arrive already cut (`grpo_trainer.batching`), right-padded, with per-token
@@ -147,7 +148,7 @@ class PolicyBackend(Protocol):
 
     def offload(self, *, weights: bool, grads: bool, optimizer: bool) -> None:
         """Move the policy's weights, gradients and / or optimizer state off the accelerator (for
-        the rollout; see `grpo_trainer.rollout_memory`)."""
+        the rollout; see `grpo_trainer.workers.rollout_memory`)."""
         ...
 
     def onload(self) -> None:

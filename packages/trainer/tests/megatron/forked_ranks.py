@@ -36,8 +36,6 @@ def main(spec_path: str, world_size: int) -> int:
     import torch
     import transformers  # noqa: F401
 
-    import grpo_trainer.actor
-    import grpo_trainer.backends.megatron.backend  # noqa: F401
     from grpo_ckpt import import_megatron_bridge
     from grpo_trainer.backends.megatron.imports import import_megatron_stack
 

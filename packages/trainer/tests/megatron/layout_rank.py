@@ -190,7 +190,7 @@ def _first_update(
 def _save(actor: Any, root: Path, contents: list[str]) -> None:
     """As `PolicyWorker.save_checkpoint` saves (`contents`: checkpoint.save_contents), through grpo_ckpt."""
     from grpo_ckpt import CheckpointManager
-    from grpo_trainer.actor_checkpoint import save_actor
+    from grpo_trainer.workers.actor_checkpoint import save_actor
 
     save_actor(CheckpointManager(root), 1, actor, contents=contents, trainer_state={"global_step": 1})
 
@@ -206,7 +206,7 @@ def _resume(spec: dict[str, Any], actor: Any, batch: Any, result: dict, tensors:
     """Load the checkpoint another run saved after its first update (as `PolicyWorker.load_checkpoint`
     does), then its second update; a refusal is recorded, not raised."""
     from grpo_ckpt import CheckpointManager
-    from grpo_trainer.actor_checkpoint import load_actor
+    from grpo_trainer.workers.actor_checkpoint import load_actor
 
     path = Path(spec["resume"])
     try:
@@ -229,8 +229,8 @@ def main(spec_path: str) -> None:
     torch.manual_seed(0)
     from megatron.core import parallel_state as mpu
 
-    from grpo_trainer.actor import Actor
     from grpo_trainer.backends.megatron import MegatronBackend
+    from grpo_trainer.workers.actor import Actor
 
     cfg = layout_config(spec)
     backend = MegatronBackend(cfg)

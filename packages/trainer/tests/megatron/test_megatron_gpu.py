@@ -64,8 +64,8 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sequential-experts", "grouped-experts-fused-permutation"])
 def actor(request: pytest.FixtureRequest, model_path: Path):
-    from grpo_trainer.actor import Actor
     from grpo_trainer.backends.megatron import MegatronBackend
+    from grpo_trainer.workers.actor import Actor
 
     cfg = _cfg(model_path, grouped_experts=request.param)
     built = Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_path)))
@@ -162,8 +162,8 @@ def test_the_same_loss_as_the_torch_backend_on_the_same_weights_and_batch(
     Triton < 3.7.1 on Hopper (the Megatron side runs megatron-core's torch rule, deterministic_mode)."""
     from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
 
-    from grpo_trainer.actor import Actor
     from grpo_trainer.backends.torch_backend import TorchBackend
+    from grpo_trainer.workers.actor import Actor
 
     # transformers picks FLA's kernel when FLA imports; the undecorated function is its torch rule.
     rule = modeling_qwen3_5_moe.torch_chunk_gated_delta_rule
@@ -217,8 +217,8 @@ def test_checkpoint_round_trip_with_the_optimizer_on_the_cpu(model_path: Path, t
     checkpoint must hold (the CPU-rank layout tests cannot build it)."""
     from dataclasses import replace
 
-    from grpo_trainer.actor import Actor
     from grpo_trainer.backends.megatron import MegatronBackend
+    from grpo_trainer.workers.actor import Actor
 
     base = _cfg(model_path, grouped_experts=True)
     megatron = replace(base.actor.megatron, optimizer_offload=True)
@@ -240,7 +240,7 @@ def _sub_optimizers(actor) -> list:
 
 def _check_round_trip(actor, tmp_path: Path, label: str) -> None:
     from grpo_ckpt import CheckpointManager
-    from grpo_trainer.actor_checkpoint import load_actor, save_actor
+    from grpo_trainer.workers.actor_checkpoint import load_actor, save_actor
 
     batch = _batch(seed=1)
     batch.old_log_probs = actor.log_probs(batch)["log_probs"]
@@ -328,7 +328,7 @@ def test_rollout_memory_offloads_what_each_setting_names_and_turns_segments_off_
     from dataclasses import replace
 
     from grpo_device import DeviceKind
-    from grpo_trainer.rollout_memory import RolloutMemory
+    from grpo_trainer.workers.rollout_memory import RolloutMemory
 
     cuda = DeviceKind.CUDA
     assert actor.cfg.rollout.engine == "vllm" and actor.cfg.device.expandable_segments

@@ -19,8 +19,8 @@ from grpo_trainer.batching import (
     scatter_rows,
     take_rows,
 )
+from grpo_trainer.driver.sampling import split_ranks, step_seed
 from grpo_trainer.protocols import PolicyBatch
-from grpo_trainer.rollout_step import split_ranks, step_seed
 
 
 def test_pad_rows_puts_prompt_then_response_then_padding() -> None:
@@ -28,7 +28,7 @@ def test_pad_rows_puts_prompt_then_response_then_padding() -> None:
     assert batch.input_ids.tolist() == [[5, 6, 8, 9, 1], [7, 4, 0, 0, 0]]
     assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
     assert batch.response_mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 0, 0, 0]]
-    assert batch.extra["rollout_log_probs"].tolist() == [[0, 0, -1, -2, -3], [0, -4, 0, 0, 0]]
+    assert batch.rollout_log_probs.tolist() == [[0, 0, -1, -2, -3], [0, -4, 0, 0, 0]]
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         pad_rows([[1], [2]], [[3]], pad_token_id=0)
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 from structlog.testing import capture_logs
 
-from grpo_trainer.metrics import MetricsLogger, pick_val_generations, plot_metrics, read_metrics
+from grpo_trainer.driver.metrics import MetricsLogger, pick_val_generations, plot_metrics, read_metrics
 
 
 def test_jsonl_tensorboard_console_and_plot(tmp_path) -> None:

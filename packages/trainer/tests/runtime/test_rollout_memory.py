@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 import grpo_config
 import grpo_device
 from grpo_device import DeviceKind
-from grpo_trainer.rollout_memory import OffloadPlan, RolloutMemory
+from grpo_trainer.workers.rollout_memory import OffloadPlan, RolloutMemory
 
 MEGATRON = ["actor.backend=megatron", "rollout.engine=vllm"]
 

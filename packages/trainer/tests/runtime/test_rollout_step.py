@@ -8,12 +8,9 @@ import torch
 
 from grpo_tiny.task import DATA_SOURCE as TINY_DATA_SOURCE
 from grpo_tiny.task import score as tiny_score
-from grpo_trainer import grpo_math
+from grpo_trainer.algo import grpo_math
 from grpo_trainer.data import PromptItem
-from grpo_trainer.protocols import SamplingParams
-from grpo_trainer.rewards import RewardManager
-from grpo_trainer.rollout import HFRolloutEngine
-from grpo_trainer.rollout_step import (
+from grpo_trainer.driver.sampling import (
     gather_rollout,
     reward_items,
     rollout_metrics,
@@ -21,6 +18,9 @@ from grpo_trainer.rollout_step import (
     split_ranks,
     step_seed,
 )
+from grpo_trainer.protocols import SamplingParams
+from grpo_trainer.rewards import RewardManager
+from grpo_trainer.rollout import HFRolloutEngine
 
 
 def test_rollout_scores_groups_and_normalises_advantages_per_prompt(model, tokenizer) -> None:

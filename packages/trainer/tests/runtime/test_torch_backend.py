@@ -15,10 +15,10 @@ import torch
 import torch.multiprocessing as mp
 
 import grpo_config
-from grpo_trainer.actor import Actor
 from grpo_trainer.backends.torch_backend import TorchBackend
 from grpo_trainer.batching import micro_batches, pad_rows, plan_micro_batches, take_rows
 from grpo_trainer.protocols import PolicyBatch
+from grpo_trainer.workers.actor import Actor
 
 CPU = torch.device("cpu")
 MAX_RESPONSE = 6
@@ -316,7 +316,7 @@ def test_non_finite_gradient_skips_the_step_and_the_schedule(tiny_model_dir) -> 
 
 def test_state_dict_round_trip_continues_identically(tiny_model_dir, tmp_path) -> None:
     from grpo_ckpt import CheckpointManager
-    from grpo_trainer.actor_checkpoint import load_actor, save_actor
+    from grpo_trainer.workers.actor_checkpoint import load_actor, save_actor
 
     a = _actor(tiny_model_dir, lr_warmup_steps=3)
     batch = _prepare(a, _batch())
@@ -352,7 +352,7 @@ def _ddp_rank(rank: int, model_dir: str, port: int, out: str) -> None:
 def test_two_gloo_ranks_take_the_same_step_as_one_process(tiny_model_dir, tmp_path) -> None:
     """DDP over gloo in two real processes, each with half of the mini-batch: the loss scaling
     across ranks makes the step equal to one process updating on the whole mini-batch."""
-    from grpo_trainer.worker import free_port
+    from grpo_trainer.workers.policy_worker import free_port
 
     out = tmp_path / "rank0.pt"
     mp.start_processes(
@@ -391,7 +391,7 @@ def _dynamic_rank(rank: int, model_dir: str, port: int, out: str) -> None:
 def test_ranks_with_a_token_budget_agree_on_one_micro_batch_count(tiny_model_dir, tmp_path) -> None:
     """Two gloo ranks whose rows pack into different numbers of micro-batches under the same token
     budget run the same number (the larger), as the model's collectives need."""
-    from grpo_trainer.worker import free_port
+    from grpo_trainer.workers.policy_worker import free_port
 
     out = tmp_path / "counts"
     mp.start_processes(
@@ -491,7 +491,7 @@ def test_packed_rows_give_the_padded_log_probs_entropy_and_gradients(tiny_model_
     Same log-probs, entropy and gradients as the padded rows, with activation checkpointing too
     (its recompute takes the packed path again); without the sequence boundaries the Gated
     DeltaNet layers would run across them."""
-    from grpo_trainer import hf_kernels
+    from grpo_trainer.backends import hf_kernels
 
     padded = _actor(tiny_model_dir, ppo_micro_batch_size_per_device=8, kl_loss_coef=0.1)
     packed = _actor(tiny_model_dir, ppo_micro_batch_size_per_device=8, kl_loss_coef=0.1, use_remove_padding=True)
@@ -617,7 +617,7 @@ def test_entropy_from_logits_with_chunking_gives_the_same_entropy_a_chunk_at_a_t
     """actor.entropy_from_logits_with_chunking (verl's key): the entropy is computed over
     ENTROPY_CHUNK_ROWS positions at a time (3 here, so a micro-batch takes several chunks), padded
     and packed; the values and the entropy bonus's gradients are those of the whole softmax."""
-    from grpo_trainer import grpo_math
+    from grpo_trainer.algo import grpo_math
     from grpo_trainer.backends import hf_model, torch_backend
 
     monkeypatch.setattr(torch_backend, "ENTROPY_CHUNK_ROWS", 3)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer.worker_group import WorkerError, WorkerGroup, WorkerTimeoutError
+from grpo_trainer.workers.group import WorkerError, WorkerGroup, WorkerTimeoutError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,7 +26,7 @@ class Probe:
         self.rank, self.world_size, self.tag = rank, world_size, tag
 
     def address(self) -> tuple[str, int]:
-        from grpo_trainer.worker import free_port
+        from grpo_trainer.workers.policy_worker import free_port
 
         return "127.0.0.1", free_port()
 
@@ -256,7 +256,7 @@ def test_a_hang_in_the_first_call_is_reported_with_its_stack(ray_cluster) -> Non
 
 
 def test_stack_collection_is_bounded_when_a_node_does_not_answer(ray_cluster, monkeypatch) -> None:
-    from grpo_trainer import worker_group
+    from grpo_trainer.workers import group as worker_group
 
     monkeypatch.setattr(worker_group, "STACK_DUMP_TIMEOUT_S", 0.0)  # no node can answer in time
     workers = _started_hangers()

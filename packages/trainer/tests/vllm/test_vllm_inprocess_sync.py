@@ -16,7 +16,7 @@ pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `h
 
 from grpo_trainer.protocols import SamplingParams
 from grpo_trainer.rollout import vllm_engine as vllm_engine_module
-from grpo_trainer.worker import free_port
+from grpo_trainer.workers.policy_worker import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

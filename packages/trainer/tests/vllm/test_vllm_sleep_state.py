@@ -124,8 +124,8 @@ def test_a_worker_restores_dropped_weights_from_the_policy_before_it_generates()
 
     from grpo_config.schema import RolloutConfig, TrainerConfig
     from grpo_device import DeviceKind
-    from grpo_trainer.rollout_memory import RolloutMemory
-    from grpo_trainer.worker import PolicyWorker
+    from grpo_trainer.workers.policy_worker import PolicyWorker
+    from grpo_trainer.workers.rollout_memory import RolloutMemory
 
     class Policy:  # the one backend method a sync reads
         def named_weights(self):

@@ -225,7 +225,7 @@ def _plan_layouts(profile: LaunchProfile, args: argparse.Namespace) -> int:
     """`--plan`: the profile's launch on the cluster the flags name, searched over layouts."""
     from grpo_launch.cost_model import device_spec
     from grpo_launch.layout_planner import render, search
-    from grpo_trainer.plan_config import choose_plan_config
+    from grpo_launch.plan_config import choose_plan_config
 
     if args.preset != "full":
         print("error: --plan plans the full run's layout; drop --preset", file=sys.stderr)

@@ -1,5 +1,5 @@
 """`--dry-run`: the resolved launch as YAML on stdout: what runs where, the world it needs, the
-device memory per rank it plans (`grpo_trainer.memory_plan`), the environment it sets and the full
+device memory per rank it plans (`grpo_launch.memory_plan`), the environment it sets and the full
 config. Deterministic for a given plan and environment, so a
 snapshot of it is a meaningful test."""
 

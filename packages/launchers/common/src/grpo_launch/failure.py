@@ -76,13 +76,13 @@ def _cause(exc: BaseException) -> tuple[BaseException, str]:
 
 
 def _worker_error(exc: BaseException) -> Any:
-    from grpo_trainer.worker_group import WorkerError
+    from grpo_trainer.workers.group import WorkerError
 
     return exc if isinstance(exc, WorkerError) else None
 
 
 def _is_timeout(exc: BaseException) -> bool:
-    from grpo_trainer.worker_group import WorkerTimeoutError
+    from grpo_trainer.workers.group import WorkerTimeoutError
 
     return isinstance(exc, WorkerTimeoutError)
 

@@ -129,7 +129,7 @@ class Heads:
 @dataclass
 class Candidate:
     layout: Layout
-    memory: Any = None  # grpo_trainer.memory_plan.MemoryPlan
+    memory: Any = None  # grpo_launch.memory_plan.MemoryPlan
     phases: dict[str, float] = field(default_factory=dict)
     problem: str | None = None  # invalid, or does not fit
 
@@ -323,7 +323,7 @@ def current_layout(cfg: TrainerConfig) -> Layout:
 
 def search(cfg: TrainerConfig, model_dir: Path, spec: DeviceSpec) -> Search:
     """Every layout for `cfg`'s cluster (device.nnodes x device.devices_per_node of `spec`)."""
-    from grpo_trainer.memory_plan import model_counts, plan_memory
+    from grpo_launch.memory_plan import model_counts, plan_memory
 
     counts = model_counts(str(model_dir))
     heads = Heads.from_config(model_dir)

@@ -61,7 +61,7 @@ def resume_problem(plan: LaunchPlan) -> str | None:
     """A resume the checkpoint cannot serve (the other backend or optimizer kind, no Megatron state), said
     before launch; other Megatron parallel sizes are resharded on load."""
     from grpo_ckpt import CheckpointManager
-    from grpo_trainer.resume_layout import resume_layout_problem
+    from grpo_trainer.driver.resume_layout import resume_layout_problem
 
     ckpt = plan.config.checkpoint
     try:
@@ -81,7 +81,7 @@ def preflight_warnings(plan: LaunchPlan) -> list[str]:
 def memory_plan(plan: LaunchPlan) -> dict[str, Any]:
     """The dry run's memory plan of a full launch (device size: device.memory_gib; the launch
     itself reads the device), with `refused` when it does not fit."""
-    from grpo_trainer.memory_plan import plan_for_launch
+    from grpo_launch.memory_plan import plan_for_launch
 
     if plan.preset in TINY_PRESETS:
         return {"skipped": "the tiny presets build their model at launch"}
@@ -144,7 +144,7 @@ def check_device_usable(plan: LaunchPlan, environ: MutableMapping[str, str]) -> 
 def check_memory_plan(plan: LaunchPlan, environ: MutableMapping[str, str]) -> None:
     """Refuse, with the numbers, a launch whose memory plan does not fit one device (its size:
     device.memory_gib, else this process's device 0; unchecked when neither is known)."""
-    from grpo_trainer.memory_plan import plan_for_launch
+    from grpo_launch.memory_plan import plan_for_launch
 
     device_bytes = None
     if plan.device != "cpu" and not environ.get("RAY_ADDRESS"):

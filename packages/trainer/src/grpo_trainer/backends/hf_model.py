@@ -7,7 +7,7 @@ import contextlib
 import structlog
 import torch
 
-from grpo_trainer.grpo_math import entropy_from_logits
+from grpo_trainer.algo.grpo_math import entropy_from_logits
 
 log = structlog.get_logger()
 
@@ -25,8 +25,8 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     the tiny model (docs/benchmarks.md, "GRPO trainer"), a switch not made yet."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from grpo_trainer.hf_cpu_kernels import use_own_cpu_kernels
-    from grpo_trainer.hf_kernels import (
+    from grpo_trainer.backends.hf_cpu_kernels import use_own_cpu_kernels
+    from grpo_trainer.backends.hf_kernels import (
         segment_packed_sequences_on_cpu,
         use_packed_sdpa,
         use_torch_kernels_on_cpu,
@@ -52,7 +52,7 @@ def linear_attention_kwargs(model: torch.nn.Module, seq_len: int) -> dict[str, i
     torch fallback pads every sequence to its 64-token chunk; a chunk of the next power of two
     >= `seq_len` gives the same result (up to float rounding) for short sequences at a fraction of
     the cost (measured 2x on a whole fwd+bwd of the tiny model at 11 tokens). {} for other models."""
-    from grpo_trainer.hf_kernels import chunk_size_for
+    from grpo_trainer.backends.hf_kernels import chunk_size_for
 
     config = getattr(model, "config", None)
     if "linear_attention" not in (getattr(config, "layer_types", None) or ()):

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import structlog
 
+from grpo_config.schema import DataConfig
 from grpo_trainer.data.images import ImageProblem, row_images, vision_messages
 from grpo_trainer.data.rows import DataReport, RawRow, read_raw_rows, row_problem
 
@@ -213,3 +214,22 @@ class PromptDataset:
 
     def __getitem__(self, i: int) -> PromptItem:
         return self._items[i]
+
+
+# data.truncation -> PromptDataset's overlong mode (used when data.filter_overlong_prompts=false).
+_TRUNCATION: dict[str, OverlongMode] = {"error": "error", "left": "truncate_left", "right": "truncate_right"}
+
+
+def datasets_for(section: DataConfig, tokenizer: Any, processor: Any) -> tuple[PromptDataset, PromptDataset | None]:
+    """The training and (when `data.val_files` is set) validation datasets the `data` section names."""
+    if not section.train_files:
+        raise ValueError("data.train_files is empty: give at least one parquet/jsonl file")
+    args: dict[str, Any] = {
+        "prompt_key": section.prompt_key,
+        "max_prompt_length": section.max_prompt_length,
+        "overlong": "filter" if section.filter_overlong_prompts else _TRUNCATION[section.truncation],
+        "apply_chat_template": section.apply_chat_template,
+        "processor": processor,
+    }
+    train = PromptDataset(section.train_files, tokenizer, **args)
+    return train, PromptDataset(section.val_files, tokenizer, **args) if section.val_files else None

@@ -555,7 +555,7 @@ def _to_generation(prompt_index: int, sample: Any) -> Generation:
 def _model_from_tensors(model_path: str, tensors: Mapping[str, torch.Tensor]) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from grpo_trainer.hf_kernels import use_torch_kernels_on_cpu
+    from grpo_trainer.backends.hf_kernels import use_torch_kernels_on_cpu
 
     use_torch_kernels_on_cpu()
     config = AutoConfig.from_pretrained(model_path)

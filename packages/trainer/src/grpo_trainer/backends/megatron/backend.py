@@ -1,5 +1,5 @@
 """`PolicyBackend` on Megatron-Core through Megatron-Bridge: primitives only (batching, loss, LR
-schedule and metrics are `grpo_trainer.actor.Actor`'s).
+schedule and metrics are `grpo_trainer.workers.actor.Actor`'s).
 
 Micro-batches go through megatron-core's `get_forward_backward_func()` (no pipelining, 1F1B or
 interleaved, as the parallel sizes say). Log-probs and entropy are computed on each rank's
@@ -33,12 +33,11 @@ from grpo_trainer.backends.megatron.build import (
     wire_model_config,
 )
 from grpo_trainer.backends.megatron.imports import import_megatron_stack
-from grpo_trainer.backends.megatron.state import load_policy_state, save_policy_state
+from grpo_trainer.backends.megatron.state import STATE_DIRECTORY, load_policy_state, save_policy_state
 from grpo_trainer.backends.megatron.vision_tower import VisionLanguage, decoder_input
 from grpo_trainer.backends.megatron.vocab_parallel import vocab_parallel_log_probs
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
-from grpo_trainer.resume_layout import MEGATRON_STATE
 from grpo_trainer.vision import join_rows
 
 log = structlog.get_logger()
@@ -268,7 +267,7 @@ class MegatronBackend:
             vision_language_source=self.policy.vision_language_source,
         )
 
-    state_directory = MEGATRON_STATE
+    state_directory = STATE_DIRECTORY
 
     def save_state(self, directory: Path, *, optimizer: bool) -> None:
         save_policy_state(self.model, self.optimizer, directory, with_optimizer=optimizer)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+STATE_DIRECTORY = "megatron"  # the Megatron backend's directory in a checkpoint
 CONTENTS = "contents.json"
 FORMAT = "grpo-megatron-dist/1"
 # As Megatron-Bridge builds it for a reshardable checkpoint; without the prefix the optimizer's

@@ -5,7 +5,7 @@ only after ~60 s (measured: docs/RELIABILITY.md). A small watcher process, start
 `ray.init`, waits for the driver's pid to go and then ends those processes (the workers end with
 their raylet). Linux only (it reads /proc); elsewhere nothing is started.
 
-    python .../grpo_trainer/ray_reaper.py DRIVER_PID PID [PID ...]    (stdlib only: no package import)
+    python .../grpo_trainer/workers/reaper.py DRIVER_PID PID [PID ...]    (stdlib only: no package import)
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from grpo_trainer.hf_kernels import _wrap_in_modules, chunk_size_for, packed_boundaries
+from grpo_trainer.backends.hf_kernels import _wrap_in_modules, chunk_size_for, packed_boundaries
 
 _OWN = "__grpo_own_cpu__"
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo_config.schema import TrainerConfig
-from grpo_trainer import grpo_math
+from grpo_trainer.algo import grpo_math
 from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import PolicyBatch
 

@@ -20,14 +20,14 @@ import torch
 import torch.distributed as dist
 
 from grpo_config.schema import TrainerConfig
-from grpo_trainer.actor import Actor
-from grpo_trainer.actor_checkpoint import load_actor, save_actor
 from grpo_trainer.backends import make_backend
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
 from grpo_trainer.rollout import make_rollout_engine
-from grpo_trainer.rollout_memory import RolloutMemory
-from grpo_trainer.rollout_worker import publish_weights
+from grpo_trainer.workers.actor import Actor
+from grpo_trainer.workers.actor_checkpoint import load_actor, save_actor
+from grpo_trainer.workers.rollout_memory import RolloutMemory
+from grpo_trainer.workers.rollout_worker import publish_weights
 
 log = structlog.get_logger()
 

@@ -22,7 +22,7 @@ import torch
 
 from grpo_config.rejection import RejectionOption, parse_is_threshold, parse_rejection
 from grpo_config.schema import RolloutCorrectionConfig
-from grpo_trainer.grpo_math import masked_mean, masked_sum
+from grpo_trainer.algo.grpo_math import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0
 PREFIX = "rollout_corr/"

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from grpo_config.schema import ActorConfig, DeviceConfig, TrainerConfig
-from grpo_trainer.memory_plan import plan_for_launch
-from grpo_trainer.plan_config import architecture_differences, choose_plan_config
+from grpo_launch.memory_plan import plan_for_launch
+from grpo_launch.plan_config import architecture_differences, choose_plan_config
 
 PATTERN = ["linear_attention"] * 3 + ["full_attention"]
 

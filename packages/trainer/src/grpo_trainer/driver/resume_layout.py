@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_config.schema import TrainerConfig
+from grpo_trainer.backends.megatron.state import STATE_DIRECTORY as MEGATRON_STATE
 
 LAYOUT_KEY = "parallel_layout"
-MEGATRON_STATE = "megatron"  # the Megatron backend's directory in a checkpoint (its state_directory)
 
 
 class ResumeLayoutError(ValueError):

@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from grpo_trainer.ray_reaper import start_reaper
+from grpo_trainer.workers.reaper import start_reaper
 
 log = structlog.get_logger()
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_config.schema import TrainerConfig
-from grpo_trainer.plan_config import choose_plan_config
+from grpo_launch.plan_config import choose_plan_config
 
 GIB = 2**30
 CONTEXT_BYTES = int(1.5 * GIB)
@@ -91,7 +91,7 @@ def _config_hash(directory: Path) -> str:
 def write_counts(directory: Path) -> Path:
     """Store `directory`'s counts beside its config.json (a launcher's shipped architecture), so a
     plan reads them without building the model (transformers and its kernel libraries take seconds
-    to import). Regenerate: `python -c "from grpo_trainer.memory_plan import write_counts; ..."`,
+    to import). Regenerate: `python -c "from grpo_launch.memory_plan import write_counts; ..."`,
     or the test that checks them prints what to run."""
     counts = _counted(str(directory))
     path = directory / COUNTS_FILE
@@ -328,7 +328,7 @@ def plan_for_launch(
     """The plan for `cfg` (device memory: `device.memory_gib`, else `device_bytes`), or why there is
     none. Counted from the config.json at actor.model_path; while that has none, from `architecture`
     (a directory holding the model's published config.json, handed down by the launcher), and the
-    plan says which one it used (`grpo_trainer.plan_config`)."""
+    plan says which one it used (`grpo_launch.plan_config`)."""
     chosen = choose_plan_config(cfg.actor.model_path, architecture)
     if chosen.directory is None:
         return f"no config.json at actor.model_path={cfg.actor.model_path}: memory not planned"

@@ -13,8 +13,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from grpo_trainer.actor import Actor
 from grpo_trainer.protocols import DirectoryState, TensorState
+from grpo_trainer.workers.actor import Actor
 
 
 def save_actor(

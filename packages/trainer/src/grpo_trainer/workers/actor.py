@@ -10,6 +10,8 @@ from typing import Any
 import torch
 
 from grpo_config.schema import TrainerConfig
+from grpo_trainer.algo.loss import GRPOLoss, LossScale
+from grpo_trainer.algo.lr_schedule import LRSchedule
 from grpo_trainer.batching import (
     MicroBatch,
     MicroBatchShape,
@@ -20,8 +22,6 @@ from grpo_trainer.batching import (
     scatter_rows,
     take_rows,
 )
-from grpo_trainer.loss import GRPOLoss, LossScale
-from grpo_trainer.lr_schedule import LRSchedule
 from grpo_trainer.protocols import PolicyBackend, PolicyBatch
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from grpo_config.schema import TrainerConfig
 from grpo_trainer.devices import resolve_device_kind
-from grpo_trainer.policy_workers import SHUTDOWN_TIMEOUT_S, device_worker_group
 from grpo_trainer.protocols import Generation, SamplingParams
-from grpo_trainer.rollout_worker import RolloutWorker
-from grpo_trainer.worker_group import WorkerError
+from grpo_trainer.workers.group import WorkerError
+from grpo_trainer.workers.policy_workers import SHUTDOWN_TIMEOUT_S, device_worker_group
+from grpo_trainer.workers.rollout_worker import RolloutWorker
 
 
 @dataclass(kw_only=True)

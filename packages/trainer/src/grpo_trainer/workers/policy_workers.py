@@ -22,8 +22,8 @@ from grpo_config.schema import TrainerConfig
 from grpo_trainer.batching import scatter_rows, take_rows
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import Generation, PolicyBatch, SamplingParams
-from grpo_trainer.worker import PolicyWorker
-from grpo_trainer.worker_group import WorkerGroup
+from grpo_trainer.workers.group import WorkerGroup
+from grpo_trainer.workers.policy_worker import PolicyWorker
 
 SHUTDOWN_TIMEOUT_S = 60.0
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from grpo_config.schema import KLControlConfig
-from grpo_trainer.grpo_math import kl_penalty, masked_sum
+from grpo_trainer.algo.grpo_math import kl_penalty, masked_sum
 
 
 def overlong_penalty(
