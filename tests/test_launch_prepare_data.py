@@ -15,11 +15,11 @@ import structlog
 from PIL import Image
 
 from grpo_launch import LaunchError
+from grpo_launch.dataset_rows import GEO3K_INSTRUCTION, gsm8k_final_answer
 from grpo_launch.plan import DataPlan
+from grpo_launch.preflight import ensure_data, unset_proxies
 from grpo_launch.prepare_data import main as prepare_main
 from grpo_launch.prepare_data import prepare_dataset
-from grpo_launch.recipes import GEO3K_INSTRUCTION, gsm8k_final_answer
-from grpo_launch.steps import ensure_data, unset_proxies
 
 
 def _png(color: tuple[int, int, int]) -> Image.Image:

@@ -30,9 +30,9 @@ from grpo_launch.errors import LaunchError
 from grpo_launch.failure import EXIT_BUG, EXIT_USAGE, describe, one_line
 from grpo_launch.logging_setup import LOG_LEVELS, configure_logging, worker_runtime_env
 from grpo_launch.plan import TINY_PRESETS, LaunchPlan, device_from_cli, plan_full, plan_tiny, tiny_output_dir
+from grpo_launch.preflight import preflight_problems, preflight_warnings, run_common_steps
 from grpo_launch.profile import DEVICE_KINDS, LaunchProfile
 from grpo_launch.run_log import RunLog
-from grpo_launch.steps import preflight_problems, preflight_warnings, run_common_steps
 
 log = structlog.get_logger()
 

@@ -12,7 +12,7 @@ import yaml
 
 import grpo_config
 from grpo_launch.plan import PROXY_VARS, TINY_PRESETS, LaunchPlan, env_kept
-from grpo_launch.steps import memory_plan
+from grpo_launch.preflight import memory_plan
 
 
 def world_summary(plan: LaunchPlan) -> dict[str, Any]:

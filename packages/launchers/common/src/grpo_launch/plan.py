@@ -12,9 +12,9 @@ from typing import Any, Literal
 import grpo_config
 import grpo_device
 from grpo_config.schema import TrainerConfig
+from grpo_launch.dataset_rows import RECIPES
 from grpo_launch.errors import LaunchError
 from grpo_launch.profile import DEVICE_KINDS, LaunchProfile, deep_merge
-from grpo_launch.recipes import RECIPES
 
 Preset = Literal["tiny", "tiny-vl", "full"]
 # Presets that build their own model and task on the CPU.

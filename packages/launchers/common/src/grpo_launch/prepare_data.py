@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
+from grpo_launch.dataset_rows import RECIPES, DatasetRecipe
 from grpo_launch.errors import LaunchError
-from grpo_launch.recipes import RECIPES, DatasetRecipe
 
 log = structlog.get_logger()
 

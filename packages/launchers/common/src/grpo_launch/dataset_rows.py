@@ -1,4 +1,4 @@
-"""Dataset recipes: how one source row becomes a verl-format row. Pure functions, no I/O.
+"""Dataset rows: how one source row becomes a verl-format row, per known dataset. Pure functions, no I/O.
 
 A verl-format row has `data_source` (the reward registry key), `prompt` (chat messages), `ability`,
 `reward_model` ({"style": "rule", "ground_truth": ...}) and `extra_info` (split, index, the original
