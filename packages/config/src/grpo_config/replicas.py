@@ -35,9 +35,9 @@ class RolloutReplicas:
         a tensor-parallel size with it). With rollout.mode=one_step_off the replicas are the
         rollout workers, one per rollout device."""
         if cfg.rollout.mode == "one_step_off":
-            return cls(world_size=cfg.rollout.nnodes * cfg.rollout.devices_per_node, tensor_parallel_size=1)
+            return cls(world_size=cfg.rollout.worker_count, tensor_parallel_size=1)
         k = cfg.rollout.tensor_parallel_size if cfg.rollout.engine == "vllm" else 1
-        return cls(world_size=cfg.device.nnodes * cfg.device.devices_per_node, tensor_parallel_size=k)
+        return cls(world_size=cfg.device.world_size, tensor_parallel_size=k)
 
     @property
     def count(self) -> int:

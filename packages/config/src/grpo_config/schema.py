@@ -27,6 +27,11 @@ class DeviceConfig:
     # read at launch (a dry run without the device then prints the plan without the check).
     memory_gib: float | None = None
 
+    @property
+    def world_size(self) -> int:
+        """The training ranks: `nnodes` x `devices_per_node`."""
+        return self.nnodes * self.devices_per_node
+
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
@@ -184,6 +189,11 @@ class RolloutConfig:
     val_top_k: int = -1
     # Extra `vllm.LLM` keyword arguments (verl's engine_kwargs.vllm), checked against vLLM's EngineArgs.
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worker_count(self) -> int:
+        """One-step-off's rollout workers: `nnodes` x `devices_per_node`."""
+        return self.nnodes * self.devices_per_node
 
 
 @dataclass(frozen=True, kw_only=True)

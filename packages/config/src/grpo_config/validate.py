@@ -633,7 +633,7 @@ def _replica_problems(cfg: TrainerConfig) -> list[str]:
         return []  # one engine per rollout device (checked in _one_step_off_problems)
     k = cfg.rollout.tensor_parallel_size
     per_node = cfg.device.devices_per_node
-    world = cfg.device.nnodes * per_node
+    world = cfg.device.world_size
     if world % k:
         return [
             f"rollout.tensor_parallel_size={k} does not divide the world size {world} "
@@ -785,7 +785,7 @@ def validate(cfg: TrainerConfig, *, num_experts: int | None = None) -> None:
         f"{key}={value} must be a positive integer." for key, value in _positive(cfg).items() if value < 1
     ]
     if not problems:
-        world = cfg.device.nnodes * cfg.device.devices_per_node
+        world = cfg.device.world_size
         # ref.parallel may only repeat parallel (value_problems refuses a different layout).
         problems += _parallel_problems(cfg.parallel, prefix="parallel", world=world, num_experts=num_experts)
         problems += _batch_problems(cfg, world=world)

@@ -221,7 +221,7 @@ def apply(cfg: TrainerConfig, layout: Layout) -> TrainerConfig:
 def estimate(cfg: TrainerConfig, counts: Any, spec: DeviceSpec, *, per_node: int) -> dict[str, float]:
     """Seconds per step and phase (docs/LAYOUT_PLANNER.md has each formula)."""
     par, actor = cfg.parallel, cfg.actor
-    world = cfg.device.nnodes * cfg.device.devices_per_node
+    world = cfg.device.world_size
     tp, pp, ep, etp, cp, vpp = par.tp, par.pp, par.ep, par.etp, par.cp, par.vpp or 1
     dp = world // (tp * pp * cp)
     expert_dp = world // (pp * ep * etp)
@@ -328,7 +328,7 @@ def search(cfg: TrainerConfig, model_dir: Path, spec: DeviceSpec) -> Search:
     counts = model_counts(str(model_dir))
     heads = Heads.from_config(model_dir)
     per_node = cfg.device.devices_per_node
-    world = cfg.device.nnodes * per_node
+    world = cfg.device.world_size
     device_bytes = int(spec.memory_gib * GIB)
     candidates = []
     for layout, rule in layouts(world, per_node, heads):

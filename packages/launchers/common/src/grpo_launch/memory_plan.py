@@ -234,7 +234,7 @@ def pipeline_in_flight(pp: int, vpp: int | None, micro_batches: int) -> float:
 def plan_memory(cfg: TrainerConfig, counts: ModelCounts, *, device_bytes: int | None) -> MemoryPlan:
     """The plan of `cfg` for the model `counts` describes, on devices of `device_bytes`."""
     par, mc, actor = cfg.parallel, cfg.actor.megatron, cfg.actor
-    world = cfg.device.nnodes * cfg.device.devices_per_node
+    world = cfg.device.world_size
     megatron = actor.backend == "megatron"
     tp, pp, cp, ep, etp = (par.tp, par.pp, par.cp, par.ep, par.etp) if megatron else (1, 1, 1, 1, 1)
     dp = max(1, world // (tp * pp * cp))

@@ -53,7 +53,7 @@ class LaunchPlan:
 
     @property
     def world_size(self) -> int:
-        return self.config.device.nnodes * self.config.device.devices_per_node
+        return self.config.device.world_size
 
 
 def device_from_cli(choice: str | None, *, environ: Mapping[str, str], dry_run: bool) -> str:

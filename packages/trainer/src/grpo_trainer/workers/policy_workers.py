@@ -31,9 +31,9 @@ SHUTDOWN_TIMEOUT_S = 60.0
 def process_count(cfg: TrainerConfig) -> int:
     """Worker processes of a run: the training ranks and, with rollout.mode=one_step_off, the
     rollout workers."""
-    training = cfg.device.nnodes * cfg.device.devices_per_node
+    training = cfg.device.world_size
     if cfg.rollout.mode == "one_step_off":
-        return training + cfg.rollout.nnodes * cfg.rollout.devices_per_node
+        return training + cfg.rollout.worker_count
     return training
 
 
@@ -70,7 +70,7 @@ class ResumedState:
 class PolicyWorkers:
     def __init__(self, cfg: TrainerConfig) -> None:
         self.cfg = cfg
-        self.world_size = cfg.device.nnodes * cfg.device.devices_per_node
+        self.world_size = cfg.device.world_size
         self.replicas = RolloutReplicas.for_config(cfg)
         self._group = device_worker_group(cfg, PolicyWorker, world_size=self.world_size)
         addr, port = self._group.call_rank(

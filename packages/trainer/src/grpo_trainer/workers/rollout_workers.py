@@ -28,8 +28,8 @@ def _check_devices(cfg: TrainerConfig, resource: str) -> None:
     placement would otherwise wait `timeouts.setup_s` for devices that cannot come)."""
     import ray
 
-    training = cfg.device.nnodes * cfg.device.devices_per_node
-    rollout = cfg.rollout.nnodes * cfg.rollout.devices_per_node
+    training = cfg.device.world_size
+    rollout = cfg.rollout.worker_count
     have = int(ray.cluster_resources().get(resource, 0))
     if have < training + rollout:
         raise WorkerError(
@@ -72,7 +72,7 @@ class RolloutWorkers:
         from grpo_device import ray_resource_name
 
         self.cfg = cfg
-        self.world_size = cfg.rollout.nnodes * cfg.rollout.devices_per_node
+        self.world_size = cfg.rollout.worker_count
         resource = ray_resource_name(resolve_device_kind(cfg))
         if resource is not None:
             _check_devices(cfg, resource)
