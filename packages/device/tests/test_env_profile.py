@@ -117,7 +117,3 @@ def test_launcher_override_that_conflicts_is_warned() -> None:
     ]
     assert "garbage_collection_threshold" in applied.warnings[0]
 
-
-def test_as_shell_quotes_values() -> None:
-    profile = EnvProfile(name="custom", vars={"B": "two words", "A": "1"})
-    assert profile.as_shell() == "export A=1\nexport B='two words'"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -87,10 +86,6 @@ class EnvProfile:
             else:
                 merged[key] = _env_value(key, value)
         return EnvProfile(name=self.name, vars=merged)
-
-    def as_shell(self) -> str:
-        """`export K=V` lines, sorted, for dry runs and job scripts."""
-        return "\n".join(f"export {key}={shlex.quote(value)}" for key, value in sorted(self.vars.items()))
 
     def apply(self, *, environ: MutableMapping[str, str] | None = None) -> AppliedEnv:
         """Set the profile's variables that `environ` (default os.environ) lacks; keep the rest."""

@@ -136,6 +136,11 @@ class PolicyBackend(Protocol):
         """HF-named full tensors, for rollout weight sync and HF export."""
         ...
 
+    def generation_module(self) -> torch.nn.Module | None:
+        """The policy's own module when an in-process `hf` rollout engine may generate with it
+        (no weight copy, no sync); None when the policy is sharded (Megatron)."""
+        ...
+
     def model_config(self) -> Any:
         """The model's own configuration (HF config, or megatron-core's TransformerConfig), saved
         with each checkpoint as `transformer_config.json`."""

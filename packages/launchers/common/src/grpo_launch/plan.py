@@ -196,10 +196,6 @@ def _output_paths(out: Path) -> dict[str, Any]:
     return {"checkpoint": {"dir": str(out / "checkpoints")}, "logging": {"dir": str(out / "logs")}}
 
 
-def proxies_set(environ: Mapping[str, str]) -> list[str]:
-    return [name for name in PROXY_VARS if name in environ]
-
-
 def env_kept(env: Mapping[str, str], environ: Mapping[str, str]) -> list[str]:
     """Names the user already exported with a different value: theirs is kept."""
     return sorted(name for name, value in env.items() if name in environ and environ[name] != value)

@@ -177,6 +177,9 @@ class TorchBackend:
         for name, tensor in self.module.state_dict().items():
             yield name, tensor.detach()
 
+    def generation_module(self) -> torch.nn.Module:
+        return self.module
+
     def model_config(self) -> Any:
         return self.module.config
 

@@ -105,7 +105,7 @@ class PolicyWorker:
             self.cfg.actor.model_path, trust_remote_code=self.cfg.actor.trust_remote_code
         )
         if self.cfg.rollout.mode == "sync":  # one_step_off: the engines are rollout workers of their own
-            shared = getattr(backend, "module", None)  # the hf engine generates with the policy's own module
+            shared = backend.generation_module()
             # The engine allocates as it will run (policy offloaded, expandable segments off: vLLM's
             # sleep-mode allocator refuses them), then sleeps until the first rollout.
             self.memory.before_rollout()

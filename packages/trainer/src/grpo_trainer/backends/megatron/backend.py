@@ -248,6 +248,10 @@ class MegatronBackend:
         """HF-named full tensors through the bridge (gathered over TP/PP/EP on every rank)."""
         yield from self.policy.bridge.export_hf_weights(self.model, cpu=False, show_progress=False)
 
+    def generation_module(self) -> None:
+        """The chunks are shards of the policy: an engine gets the full weights by sync instead."""
+        return None
+
     def model_config(self) -> Any:
         """megatron-core's TransformerConfig the chunks were built with."""
         from megatron.core.utils import get_model_config
