@@ -66,5 +66,8 @@ def test_each_package_has_a_changelog_at_its_version_and_a_readme_with_its_range
         f"{changelog.relative_to(ROOT)}: the newest entry is {headings[:1]}, the package is {VERSIONS[name]}"
     )
     readme = (directory / "README.md").read_text()
+    assert f"{name} {VERSIONS[name]} (CHANGELOG.md)" in readme, (
+        f"{directory.relative_to(ROOT)}/README.md does not state its version {VERSIONS[name]}"
+    )
     for line in _internal_lines(PROJECTS[name]):
         assert f"`{line}`" in readme, f"{directory.relative_to(ROOT)}/README.md does not state `{line}`"
