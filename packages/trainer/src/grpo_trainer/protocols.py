@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from grpo_ckpt import ExportReport
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +149,7 @@ class PolicyBackend(Protocol):
         with each checkpoint as `transformer_config.json`."""
         ...
 
-    def export_hf(self, path: str, *, strict: bool) -> Any:
+    def export_hf(self, path: str, *, strict: bool) -> ExportReport:
         """Hugging Face safetensors of the current weights under `path`; returns grpo_ckpt's
         `ExportReport` (expected vs written keys). Collective: every rank calls it."""
         ...

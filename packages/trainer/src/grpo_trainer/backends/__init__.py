@@ -24,5 +24,5 @@ def make_backend(cfg: TrainerConfig, *, device: torch.device) -> PolicyBackend:
     if name == "megatron":
         from grpo_trainer.backends.megatron import MegatronBackend
 
-        return MegatronBackend(cfg, device=device)
+        return MegatronBackend(cfg)  # on the accelerator this process was given (LOCAL_RANK)
     raise ValueError(f"actor.backend={name!r} is unknown; use one of {list(BACKENDS)}")

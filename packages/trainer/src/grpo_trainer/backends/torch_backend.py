@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
@@ -29,6 +29,9 @@ from grpo_trainer.backends.hf_model import (
 )
 from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
 from grpo_trainer.vision import join_rows
+
+if TYPE_CHECKING:
+    from grpo_ckpt import ExportReport
 
 log = structlog.get_logger()
 
@@ -195,7 +198,7 @@ class TorchBackend:
             fused = {"fused": _fused_adam(self.device), "foreach": None}
             self.optimizer.load_state_dict({**saved, "param_groups": [{**g, **fused} for g in saved["param_groups"]]})
 
-    def export_hf(self, path: str, *, strict: bool) -> Any:
+    def export_hf(self, path: str, *, strict: bool) -> ExportReport:
         """Transformers' `save_pretrained` (safetensors) with grpo_ckpt's key report, written by
         rank 0 (the ranks hold the same weights); None on the other ranks. Under `strict` a model
         tensor that no file holds raises `StrictExportError`."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
@@ -40,6 +40,9 @@ from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import MicroLoss, PolicyBatch, StepResult, TokenOutputs
 from grpo_trainer.vision import join_rows
 
+if TYPE_CHECKING:
+    from grpo_ckpt import ExportReport
+
 log = structlog.get_logger()
 
 # What the schedule's loss callback sees: (micro-batch index, micro-batch, this stage's logits).
@@ -53,7 +56,6 @@ class MegatronBackend:
         self,
         cfg: TrainerConfig,
         *,
-        device: torch.device | None = None,
         policy: BuiltPolicy | None = None,
         ref: BuiltPolicy | None = None,
     ) -> None:
@@ -82,7 +84,6 @@ class MegatronBackend:
         # ref.megatron.param_offload: the reference weights live on the CPU but for its log-probs.
         self._park_ref = ref is not None and bool(cfg.ref.megatron and cfg.ref.megatron.param_offload)
         self._parked_ref = offload.offload([ref.model], None, grads=False) if self._park_ref and ref else None
-        del device
 
     @classmethod
     def from_config(cls, cfg: TrainerConfig, *, model_path: str) -> MegatronBackend:
@@ -258,7 +259,7 @@ class MegatronBackend:
 
         return get_model_config(self.model[0])
 
-    def export_hf(self, path: str, *, strict: bool) -> Any:
+    def export_hf(self, path: str, *, strict: bool) -> ExportReport:
         """HF safetensors through Megatron-Bridge `save_hf_weights(strict=...)`, with grpo_ckpt's
         expected-vs-written key report."""
         from grpo_ckpt import export_hf
