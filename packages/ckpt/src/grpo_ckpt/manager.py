@@ -1,17 +1,6 @@
 """CheckpointManager: crash-safe save, retention, resume and load of training checkpoints.
 
-Layout under `root`:
-
-    latest                      "global_step_N": replaced atomically after N is complete
-    global_step_N/
-      model/ optimizer/ scheduler/ dataloader/   structure.json + DCP safetensors shards
-      rng/rank_00000.json       python, numpy, torch and device RNG, one file per rank
-      <writer>/                 state a library writes itself (`save(writers=...)`: Megatron's)
-      trainer_state.json  transformer_config.json  extra/<name>
-      manifest.json             written last: sizes and sha256 of everything above
-
-A crash at any moment leaves the previous complete checkpoint loadable: the manifest appears only
-after every file it names is fsynced, and a directory without a valid one is skipped (with a warning).
+The derivation: docs/INTERNALS.md, `grpo_ckpt.manager`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Split a nested state dict into a JSON skeleton and a flat {key: tensor} dict, losslessly.
 
-Optimizer and scheduler state dicts mix tensors, ints as dict keys, tuples and floats. Tensors go to
-safetensors (through DCP); everything else is a JSON skeleton with tagged containers, so loading
-needs neither pickle nor `torch.load`. Flat tensor keys are deterministic paths
-("state.0.exp_avg"), the same on every rank, which DCP needs to match shards.
-
-Skeleton encoding: str/int/float/bool/None as themselves (NaN and inf round-trip through Python's
-json), list as a JSON list, and tagged objects for the rest: {"__dict__": [[key, value], ...]},
-{"__tuple__": [...]}, {"__tensor__": "flat key"}, {"__dtype__": "bfloat16"}.
+The derivation: docs/INTERNALS.md, `grpo_ckpt.structure`.
 """
 
 from __future__ import annotations

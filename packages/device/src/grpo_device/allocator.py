@@ -1,13 +1,6 @@
 """Switching the caching allocator's expandable segments at runtime, and reading it back.
 
-CUDA: `torch._C._accelerator_setAllocatorSettings` (torch >= 2.9; what the now deprecated
-`torch.cuda.memory._set_allocator_settings` calls) with a fallback to the latter on older torch.
-Read back from the live CUDA allocator (`torch.cuda.memory._snapshot()["allocator_settings"]`) once
-CUDA is initialised, else from `torch._C._accelerator_getAllocatorSettings()`, the last settings
-string torch parsed (PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF at start-up, or a runtime set).
-NPU: `torch.npu.memory._set_allocator_settings` (torch_npu for torch >= 2.6; it only accepts
-expandable_segments); torch_npu offers no read-back. Turning segments on is refused when
-PYTORCH_NPU_ALLOC_CONF sets garbage_collection_threshold or max_split_size_mb (see alloc_conf).
+The derivation: docs/INTERNALS.md, `grpo_device.allocator`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """The built-in verifiable task of the tiny preset (data_source "grpo/tiny").
 
-Each prompt asks the model to repeat one digit ("repeat 7"); the ground truth is that digit. The
-score is the share of the response's non-blank characters that are the asked digit (0 for an empty
-response), so "7", "77" and "7 7 7" all score 1.0 and "7 a" scores 0.5. It is strictly verifiable and
-dense enough that a random-weight model gets varied, non-zero rewards within a group, which GRPO
-needs before anything can be learned.
-
-The preset's config names `score` as `reward.custom_fn` (`SCORE_FN`), so the trainer loads it by
-that string, in its reward worker processes too; nothing is registered on import.
+The derivation: docs/INTERNALS.md, `grpo_tiny.task`.
 """
 
 from __future__ import annotations

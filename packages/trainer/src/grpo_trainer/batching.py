@@ -2,15 +2,7 @@
 mini-batches -> micro-batches, and the micro-batches' outputs back into batch order. Both policy
 backends receive the micro-batches made here and nothing else.
 
-Row layout (right-padded): `prompt + response + pad`; `response_mask` covers the response tokens
-(EOS included when generated). Mini-batches are consecutive blocks of the step's sequences (whole
-groups when `ppo_mini_batch_size` counts prompts); each mini-batch is split evenly over the
-data-parallel ranks, so every rank holds the same number of mini-batches, of equal size.
-
-Micro-batches hold either a fixed number of rows or, with a token budget (`use_dynamic_bsz`), as
-many rows (longest first) as fit `rows x longest row <= budget`. Each micro-batch is cut to its own
-longest row, except where the backend's parallel layout needs otherwise (`MicroBatchShape`):
-pipeline stages exchange one fixed shape, sequence parallelism needs a length divisible by TP.
+The derivation: docs/INTERNALS.md, `grpo_trainer.batching`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""The GRPO loop. One step, top to bottom, as the algorithm reads (`_Run.train_step`):
-
-    sample (the rollout mode: generate -> reward -> overlong shaping; dynamic sampling: drop
-    equal-reward groups, generate more) -> old log-probs -> ref log-probs (-> KL penalty in the
-    reward) -> advantages -> loss mask and weights (overlong filtering, rollout correction) -> update
-    (ppo_epochs x mini-batches) -> after the update (colocated: weight sync) -> metrics; then
-    validation and checkpoint when due.
-
-The driver (this process) holds data, rewards, advantages and metrics; the policy lives in Ray
-worker actors reached through `workers.PolicyWorkers`; how responses are sampled is the rollout
-mode's (`driver.rollout_modes`). Each phase's wall time is logged as `timing/<phase>_s`.
-docs/ARCHITECTURE.md follows one step through the wings.
+"""The GRPO loop: `train(cfg)` and `_Run`, whose `train_step` reads top to bottom as the algorithm
+does (sample -> log-probs -> advantages -> loss mask -> update -> after the update); sampling is
+the rollout mode's (`driver.rollout_modes`). docs/ARCHITECTURE.md follows one step through the wings.
 """
 
 from __future__ import annotations

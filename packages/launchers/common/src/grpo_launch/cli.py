@@ -1,13 +1,7 @@
 """The command line every model launcher shares. A launcher package's `main` is one call:
 `run_launcher(PROFILE, argv)`.
 
-    grpo-launch-35b [--preset tiny|full] [--device gpu|npu|cpu] [--dry-run] [--output-dir DIR]
-                    [--config run.yaml] [--log-level LEVEL] [-- dotted.key=value ...]
-
-Exit status: 0 done; 2 something the user must change (a setting, a file, the output folder in use,
-disk space, a worker killed for memory); 130 interrupted; 1 a bug. Each failure ends in one line on
-stderr; from the moment the output folder is locked, everything also goes to `<output dir>/run.log`,
-with the traceback (`failure.py`, `run_log.py`; docs/RELIABILITY.md).
+The derivation: docs/INTERNALS.md, `grpo_launch.cli`.
 """
 
 from __future__ import annotations

@@ -1,34 +1,7 @@
 """The device memory a run needs, per rank, before it starts: what `--dry-run` prints and what a
 launch that cannot fit refuses with.
 
-Parameters are counted exactly: the checkpoint's config.json (before the checkpoint is downloaded:
-the published architecture config the launcher ships, `plan_config`) instantiated by transformers
-on the meta device (no memory), each tensor sorted into embedding, output layer, vision tower, routed
-experts or the rest of its decoder layer. They are spread as the Megatron backend spreads them:
-decoder layers over pipeline stages (the first stage also holds the embedding and the vision
-tower, the last the output layer; the larger of the two is the rank planned for), dense weights
-and the vocabulary over tensor parallel ranks, routed experts over expert x expert-tensor parallel
-ranks. Bytes per parameter: the weights in `actor.dtype`, fp32 gradients (Megatron's DDP reduces
-in fp32), Adam's fp32 master copy and two moments, split over the data parallel ranks with the
-distributed optimizer (experts over the expert data parallel ranks), on the CPU with
-`optimizer_offload`.
-
-Activations are an estimate per token and decoder layer of the training micro-batch (padded to
-prompt + response length), bf16, divided by tensor x context parallel (sequence parallel) ranks:
-34 h (attention or Gated DeltaNet with its norms and residuals, flash-style attention: no s x s
-scores; Korthikanti et al.), plus k (4 h + 6 f) for k routed experts of width f and 2 h + 6 f for a
-shared expert; with full recompute 2 h per layer plus one layer's worth. With pipeline parallelism the
-first stage holds several micro-batches' activations at once (`pipeline_in_flight`). Beside them: the fp32
-logits of the vocabulary shard (x3: logits, log-softmax, gradient) and, for the local grouped-GEMM
-experts, the stacked expert weights each layer keeps for its backward. Plus a fixed 1.5 GiB a
-process for the CUDA/CANN context, communication buffers and allocator slack.
-
-Phases on one colocated device: training (actor weights, gradients, on-device optimizer state,
-activations, a resident reference model) and rollout (vLLM reserves `gpu_memory_utilization` of the
-device for its weights and KV cache; beside it stays whatever the actor does not offload). With
-rollout.mode=one_step_off the rollout phase is a rollout worker's device: vLLM's reservation alone. The
-plan's peak is the larger phase. Checked against measured peaks in docs/benchmarks.md ("Memory
-plan").
+The derivation: docs/INTERNALS.md, `grpo_launch.memory_plan`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """Which config.json the memory plan counts, and what the reader is told about it.
 
-The checkpoint's own config.json at `actor.model_path` always wins. Before the checkpoint is
-downloaded, a launcher can hand down the model's published architecture config (a config.json with
-no weights, shipped as package data of the model launcher): the plan is then counted from it and
-says so. When both exist and their architecture values differ (the user points `actor.model_path`
-at another model than the launcher's), the plan keeps the checkpoint's numbers and lists every
-difference, so a profile tuned for one shape is not silently applied to another.
-
-The trainer does not know which launcher shipped the file: it is handed a directory (layers: the
-launcher imports the trainer, never the reverse).
+The derivation: docs/INTERNALS.md, `grpo_launch.plan_config`.
 """
 
 from __future__ import annotations

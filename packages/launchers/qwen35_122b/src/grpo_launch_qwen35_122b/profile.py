@@ -3,11 +3,7 @@ verl recipe's values (tests/verl_recipes/qwen35_122b_{gpu,npu}.txt), common ones
 device only what differs. Keys are `grpo_config` field names; every deliberate difference from the
 recipe is in `recipe_differences` with its reason.
 
-The recipe, in short: 128 prompts x n=6 per step (prompts up to 3240 tokens, cut on the right;
-responses up to 4096), mini-batches of 64, micro-batches of 1 (8192 tokens), lr 1e-6, no KL loss
-(its coefficient kept at 0.01), no entropy bonus; TP2 with PP and EP per device, full recompute,
-parameters, gradients and optimizer state offloaded for the colocated vLLM engine; save every 50
-steps, test every 10, 20 epochs; collectives may wait 3 hours (the first HF load on 32 devices).
+The derivation: docs/INTERNALS.md, `grpo_launch_qwen35_122b.profile`.
 """
 
 from __future__ import annotations

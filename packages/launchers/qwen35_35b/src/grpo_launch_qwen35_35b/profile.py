@@ -3,11 +3,7 @@ recipe's values (tests/verl_recipes/qwen35_35b_{gpu,npu}.txt), common ones once,
 what differs. Keys are `grpo_config` field names; every deliberate difference from the recipe is in
 `recipe_differences` with its reason.
 
-The recipe, in short: 32 prompts x n=5 per step, one mini-batch, micro-batches of 1 (4096 tokens),
-lr 1e-6, KL as a loss (low_var_kl, 0.01), no entropy bonus; TP2 EP8, full recompute of one layer per
-chunk, parameters, gradients and optimizer state offloaded so the colocated vLLM engine (TP8, 60 %
-of the memory) fits; save every 20 steps, test every 5, 15 epochs. Padded (BSHD) batches on GPU:
-Qwen3.5's Gated DeltaNet layers had no packed-sequence support in the Megatron the seed pins.
+The derivation: docs/INTERNALS.md, `grpo_launch_qwen35_35b.profile`.
 """
 
 from __future__ import annotations

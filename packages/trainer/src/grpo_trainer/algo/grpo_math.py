@@ -1,29 +1,7 @@
 """GRPO math: group advantages, the PPO clipped policy loss, loss aggregation, KL estimators and
 entropy. Pure torch, no I/O. Definitions follow verl's `core_algos` (noted where they differ).
 
-Shapes: `[B]` per sequence, `[B, T]` per response token; `response_mask` is 1 on trained tokens.
-
-How losses scale across micro-batches and data-parallel (DP) ranks
-------------------------------------------------------------------
-A mini-batch is split over `dp_size` ranks and, on each rank, into micro-batches whose losses are
-summed (gradient accumulation; `loss.backward()` per micro-batch, no extra division). DDP / FSDP
-then *average* gradients over ranks. For this to equal the gradient of the loss of the whole
-mini-batch computed in one piece, every micro-batch loss is normalised by the size of the whole
-mini-batch (all micro-batches on all ranks) and multiplied by `dp_size` (which cancels the
-average):
-
-    token-mean               sum_tokens(l)                          / global_batch_tokens * dp_size
-    seq-mean-token-sum       sum_seqs(sum_tokens(l))                / global_batch_seqs   * dp_size
-    seq-mean-token-mean      sum_seqs(mean_tokens(l))               / global_batch_seqs   * dp_size
-    seq-mean-token-sum-norm  sum_seqs(sum_tokens(l)) / scale_factor / global_batch_seqs   * dp_size
-
-`global_batch_tokens` counts the response tokens of the mini-batch; `global_batch_seqs` counts its
-sequences with at least one response token (`loss_denominators` computes both for one shard: sum
-them over micro-batches and all-reduce over ranks). `loss_scale_factor` defaults to the padded
-length `T` of the tensor; pass a constant (e.g. max_response_length) when micro-batches are padded
-to different lengths. The loss *values* obey the same rule, so "sum over micro-batches, mean over
-ranks" of a logged loss gives the full-batch value. With `dp_size == 1` and no global sizes, the
-local tensor is the whole batch and these are verl's single-batch definitions.
+The derivation: docs/INTERNALS.md, `grpo_trainer.algo.grpo_math`.
 """
 
 from __future__ import annotations

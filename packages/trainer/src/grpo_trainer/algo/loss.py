@@ -2,13 +2,7 @@
 bonus, aggregated as `actor.loss_agg_mode` says, and the token-mean metrics of a mini-batch.
 Every backend calls this object; no backend holds loss math. The formulas are `grpo_math`'s.
 
-Scaling across micro-batches and data-parallel ranks is worked out once, here (`LossScale`): each
-micro-batch loss is normalised by the size of the whole mini-batch (response tokens or sequences,
-summed over all micro-batches and all-reduced over the data-parallel ranks, as verl's
-`global_batch_info`) and multiplied by the data-parallel size, so that summing micro-batch
-gradients and averaging them over ranks (DDP) gives the gradient of the whole mini-batch in one
-piece. `seq-mean-token-sum-norm` (Dr. GRPO) divides each sequence's token sum by a constant, the
-response-length budget, never by a padded width that changes with the micro-batch.
+The derivation: docs/INTERNALS.md, `grpo_trainer.algo.loss`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Rollout-training mismatch correction, as verl's `rollout_corr_helper` defines it (decoupled mode).
 
-The rollout engine samples with its own kernels (and, for MoE, its own expert routing), so its
-log-probs `log pi_rollout` differ from the training policy's at rollout time (`log pi_old`, the
-old log-probs). Per token `lr = log pi_old - log pi_rollout`:
-
-- truncated importance sampling (TIS, `rollout_is`): every token's policy loss is multiplied by
-  `min(w, threshold)`, `w = exp(lr)` per token or `exp(sum_t lr)` per sequence (detached); with
-  `rollout_is_threshold="lower_upper"` (IcePop) by `w` inside the band and 0 outside it;
-- rejection sampling / masked IS (MIS, `rollout_rs`): tokens or whole sequences whose statistic of
-  `lr` is out of bounds (`grpo_config.rejection`) leave the loss mask.
-
-Every function is pure torch on `[B, T]` tensors; metric names are verl's, under `rollout_corr/`.
+The derivation: docs/INTERNALS.md, `grpo_trainer.algo.rollout_correction`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """grpo's own CPU versions of transformers' PyTorch Gated DeltaNet helpers (Qwen3.5, Qwen3-Next).
 
-On the CPU transformers' references spend most of a small model's time outside arithmetic:
-- `causal_conv1d_fn` / `causal_conv1d_update` run a depthwise `conv1d` (oneDNN), whose backward
-  took 3.1 ms per call for [32, 384, 11] on the tiny model (8% of a whole forward + backward) and
-  whose single-token update took 0.38 ms for [64, 384]; here the causal window is K shifted
-  multiply-adds (K = 4), the same sums in another order.
-- `torch_chunk_gated_delta_rule` pads every sequence to its 64-token chunk and runs its chunk
-  scan from a zero state even for a sequence within one chunk; here the chunk is sized to the
-  sequence (`hf_kernels.chunk_size_for`; transformers' `generate` cannot pass one) and the reads
-  and writes of a zero or unused state are left out: forward + backward of [32, 11] tokens 7.0 ->
-  4.1 ms per layer, the same outputs.
-- `torch_recurrent_gated_delta_rule` (one decode token) updates the [batch, heads, d_k, d_v]
-  state with five whole-state elementwise passes and temporaries; here the state is decayed and
-  written in place and read with batched matrix products (`baddbmm_`, `matmul`). Used only where
-  nothing needs its gradient (generation runs under `no_grad`); otherwise the reference runs.
-
-`use_own_cpu_kernels()` installs them (CPU tensors, no packed boundaries; every other call goes
-to the function they wrap). They compute in float32 with CPU autocast off (transformers' state
-updates are elementwise float32 ops, which autocast leaves alone; ours are matrix products).
-Results equal the references in float32 up to float rounding (tests).
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.hf_cpu_kernels`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """CPU tensors take transformers' PyTorch path for the Gated DeltaNet kernels (Qwen3.5).
 
-transformers < 5.20 binds `chunk_gated_delta_rule` & co. to flash-linear-attention's Triton kernels
-whenever FLA imports, whatever the device; Triton has no CPU driver, so a Qwen3.5 forward on the CPU
-fails ("0 active drivers") in an environment that holds FLA, as the one with megatron-core must
-(its GatedDeltaNet does not build without FLA). Newer transformers checks the device itself.
-`use_torch_kernels_on_cpu()` wraps each such function so that CPU inputs go to its PyTorch
-reference and other devices keep the kernel transformers chose. Idempotent; a no-op where nothing
-was bound to another implementation.
-
-`segment_packed_sequences_on_cpu()` lets packed rows (`actor.use_remove_padding`: several sequences in
-one row, their boundaries in `cu_seqlens` / `cu_seq_lens_q`) through the PyTorch causal convolution
-and delta rules on the CPU, which otherwise would run across the boundaries: inside those two the
-sequences are stacked as right-padded rows (one batched call), everything else stays packed.
-
-grpo's own CPU versions of the helpers (`hf_cpu_kernels`) go between the two.
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.hf_kernels`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """Prompt dataset: verl-format rows tokenised once, at construction, with the tokenizer's chat
 template (`add_generation_prompt=True`), then filtered or truncated to `max_prompt_length`.
 
-Multimodal rows (an `images` column, `<image>` placeholders; `data.images`) go through the model's
-processor: its chat template places the vision spans and it expands each into the image's tokens,
-so `max_prompt_length` counts them. A row whose image does not decode, or whose placeholders do not
-match its images, is reported (row, file and line) and skipped. Such a prompt is never truncated
-(that would cut an image's tokens): past the limit it is filtered, or refused in "error" mode.
-
-Malformed rows are skipped, counted and reported (`PromptDataset.report`), never raised; an
-overlong prompt raises only in `overlong="error"` mode. Tokenisation does not add special tokens
-beyond those the chat template writes.
+The derivation: docs/INTERNALS.md, `grpo_trainer.data.dataset`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """How a step's responses are sampled (`rollout.mode`), each mode a type behind `RolloutMode`:
 
-- `Colocated` (sync): the engines share the training ranks' devices; wake, generate, sleep, then
-  after the update the new weights go into them. DAPO's dynamic sampling generates further rounds.
-- `OneStepOff`: rollout workers of their own sample step s+1's prompts while step s trains, with
-  the weights from before step s's update (verl's one-step-off policy).
-
-A mode is handed the workers, the scorer, the round planner and the vision cache; it never calls
-back into the run. It owns what a generation in flight holds, so a checkpoint asks it for the
-sampler state to save (the prompts in flight are drawn again after a resume).
+The derivation: docs/INTERNALS.md, `grpo_trainer.driver.rollout_modes`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Running reward calls with a per-call timeout so that a raising or hanging reward cannot stop
 the run.
 
-`ProcessRunner` (default): long-lived worker processes (`python -m grpo_trainer.rewards._worker`,
-no multiprocessing, so no `__main__` re-import); a call past its deadline gets its worker killed
-and replaced. Functions travel by pickle (by reference: module-level functions).
-`ThreadRunner`: daemon threads; a call past its deadline is abandoned (it keeps running in the
-background, but never blocks the run or interpreter exit). Used for functions that cannot be
-pickled, and when asked for.
-
-Each call yields an `Outcome`: status "ok" (with the score), "error" or "timeout" (with a message).
+The derivation: docs/INTERNALS.md, `grpo_trainer.rewards.isolation`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """Routed-expert tensors copied straight into vLLM's fused expert weights during a weight sync.
 
-vLLM's loader takes one expert tensor at a time: Qwen3.5-35B-A3B has 256 experts x 3 tensors in
-each of 40 layers, 30 720 calls per sync, and each call matches its name against every expert
-mapping of the layer and, under the layerwise reload, binds and buffers its arguments. That is
-most of a sync's time once the tensors are on the device. Here the per-expert HF tensors of an
-eligible layer are copied into the storage the MoE kernels read, one `torch._foreach_copy_` per
-bucket: `gate_proj` into rows [0, F) and `up_proj` into rows [F, 2F) of `w13_weight[e]`,
-`down_proj` into `w2_weight[e]` (vLLM's own layout for w1/w3/w2).
-
-Only where that storage holds exactly those values: unquantized experts run by vLLM's Triton MoE
-backend (FlashInfer's backends reorder the weights, the CPU one prepacks them), the whole layer on
-this rank (no expert or tensor parallel split, no hidden-size padding). Every other layer, and
-every non-expert tensor, goes through vLLM's loader as before. No vLLM import here.
+The derivation: docs/INTERNALS.md, `grpo_trainer.rollout.vllm_expert_copy`.
 """
 
 from __future__ import annotations

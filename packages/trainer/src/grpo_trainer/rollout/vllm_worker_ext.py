@@ -1,17 +1,7 @@
 """Methods mixed into every vLLM worker (`worker_extension_cls`), called by name through
 `LLM.collective_rpc`, so no pickled code crosses to the engine process.
 
-A weight sync is one call per bucket: `grpo_load_weights` (the bucket's bytes, or a shared-memory
-file, for workers in another process) or `grpo_load_tensors` (the tensors themselves, for a worker
-in the caller's process: vLLM then calls the method directly, so device tensors arrive as they are,
-with no copy). The first call opens the sync (`begin=True`), the last closes it (`finish=True`), so
-a one-bucket sync is a single round trip.
-It uses vLLM's in-place layerwise reload: each layer is rebuilt from checkpoint-format (HF-named)
-tensors and re-processed (repacking, quantisation) as soon as all of its tensors have arrived,
-then copied into the storage the engine already uses. A layer split over two buckets simply waits
-for the second one. A failure closes the sync: layers that got nothing keep their weights.
-Routed experts of the layers `vllm_expert_copy` finds eligible (GPU, Triton MoE, unsplit) skip
-vLLM's per-expert loader: they are copied into the kernels' storage directly.
+The derivation: docs/INTERNALS.md, `grpo_trainer.rollout.vllm_worker_ext`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """Ray orchestration: a cluster (local by default, `RAY_ADDRESS` joins one), one placement group of
 one bundle per rank on the device resource, and worker actors whose failures stop the run.
 
-A call on all ranks (`call`) returns when every rank has answered. The first failure ends it: the
-other ranks get a few seconds to report theirs (a rank that dies makes its peers' collectives fail
-too, and their errors can reach the driver first), the rank whose process died is blamed ahead of
-ranks that only raised, its traceback is raised as `WorkerError`, and every actor is killed, so
-ranks blocked in a collective with the dead one cannot hang the run.
-
-`timeout_s` bounds the call (`timeout_setting` names the config key that sets it). Past it, the ranks
-still working are asked for their Python stacks before every actor is killed, and `WorkerTimeoutError`
-names them with their stacks. To make that possible for any worker class, the group runs a generated
-subclass whose constructor first registers `faulthandler` on SIGUSR1 (all threads, into a file per
-process), and asks each actor for its pid, node and file before any other call. On a timeout a
-zero-CPU task pinned to each silent rank's node sends the signal and reads what was written: the
-dump happens in C inside the signal handler, so it works while the rank is blocked in a collective or
-spins holding the GIL, on any node.
+The derivation: docs/INTERNALS.md, `grpo_trainer.workers.group`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """`PolicyBackend` on Megatron-Core through Megatron-Bridge: primitives only (batching, loss, LR
 schedule and metrics are `grpo_trainer.workers.actor.Actor`'s).
 
-Micro-batches go through megatron-core's `get_forward_backward_func()` (no pipelining, 1F1B or
-interleaved, as the parallel sizes say). Log-probs and entropy are computed on each rank's
-vocabulary shard of the logits (`vocab_parallel`), never on a gathered full vocabulary. The
-schedule divides each micro-batch loss by the number of micro-batches; `forward_backward` hands it
-the loss multiplied by that number, so the gradients are those of the loss `Actor` computed.
-
-Megatron is imported lazily, after MindSpeed's adaptor on NPU (`imports.import_megatron_stack`).
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.megatron.backend`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """SwiGLU times the routing probability, forward and backward, as two Triton kernels.
 
-For the grouped experts' intermediate `[rows, 2F]` (gate | up) and the rows' probabilities `[rows]`:
-out = silu(gate) * up * prob, computed in float32 and rounded once to the intermediate's dtype.
-The backward reads gate, up and the output gradient once and writes both halves of the input
-gradient and the probability's gradient (a per-row sum) in the same pass. `torch.compile` of the
-same expression (`fusions._swiglu_times_probs`) gave a backward kernel at ~0.7 TB/s on the H200
-(23.5 ms of a 357 ms update at hidden 2048, docs/benchmarks.md); this one is one program per row.
-
-Runs on CUDA tensors only (the caller keeps the eager / compiled path elsewhere);
-`TRITON_INTERPRET=1` runs the kernels on the CPU (the CPU tests do).
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.megatron.fused_swiglu`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Fused kernels for the local (transformer_engine-free) Megatron layers.
 
-What transformer_engine fuses, written as small torch functions that `torch.compile` turns into
-one Triton kernel each on CUDA (on CPU they run eagerly, same arithmetic):
-- RMSNorm with HF's casts (`rms_norm`);
-- SwiGLU times the routing probability on the grouped experts' intermediate (`swiglu_times_probs`:
-  on CUDA two Triton kernels of grpo's own, `fused_swiglu`, faster than the compiled expression);
-- rotary position embedding (`install_compiled_rope`): megatron-core's own unfused function,
-  compiled, in the slot it fills with transformer_engine's kernel, for `apply_rope_fusion=true`;
-- MoE token permutation and un-permutation as gathers both ways (`TokenPermutation`): megatron-core's
-  unfused path scatters with atomic adds (`index_add_` in the permutation's backward,
-  `scatter_add_` in the un-permutation), here every output row is the sum of its top-k copies
-  gathered, one pointwise kernel once compiled. Used for `moe_permute_fusion=true` on the
-  local layers, where megatron-core's own fused permutation needs transformer_engine.
-`TORCHDYNAMO_DISABLE=1` turns the compilation off (the eager functions then run on CUDA too).
-Imports megatron: only imported by the Megatron backend.
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.megatron.fusions`.
 """
 
 from __future__ import annotations

@@ -2,12 +2,7 @@
 transformer_engine: grpo_ckpt's `import_megatron_bridge` handles the one unguarded TE import of
 Megatron-Bridge 0.6) and, on Ascend NPUs, MindSpeed.
 
-`import_megatron_stack(kind)` is the one entry point: the backend calls it before anything imports
-megatron. On npu it first imports MindSpeed's adaptor (`import mindspeed.megatron_adaptor`), which
-patches megatron-core for Ascend when it is imported; modules imported before it would keep the
-unpatched code. verl's NPU path does the same: `verl/workers/megatron_workers.py` imports
-`verl.workers.engine.mindspeed.transformer_impl` (which imports `mindspeed.megatron_adaptor`) before
-`megatron.core`, and `verl/model_merger/megatron_model_merger.py` imports the adaptor before megatron.
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.megatron.imports`.
 """
 
 from __future__ import annotations

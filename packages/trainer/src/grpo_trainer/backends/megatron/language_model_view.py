@@ -1,14 +1,6 @@
 """The language model of a vision-language checkpoint, as Megatron-Bridge's text-only bridge reads it.
 
-Qwen3.5's real checkpoints are vision-language (`Qwen3_5MoeForConditionalGeneration`: the language
-model under `model.language_model.*`, a vision tower under `model.visual.*`). Megatron-Bridge's
-vision-language bridge builds its vision encoder from TransformerEngine layers only (docs/FACTS.md), so
-the Megatron backend builds the language model through the text-only bridge, which reads the same
-safetensors files through a renaming view (nothing is copied), and runs transformers' vision tower
-in front of it (`vision_tower`). The view shows the language model under text-only names and the
-vision tower under its own (`model.visual.*`); the policy's `named_weights` carry both (the vLLM
-engine maps the text-only names back), and its HF export goes back into the checkpoint's layout
-(`grpo_ckpt.export_hf(..., vision_language_source=)`).
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.megatron.language_model_view`.
 """
 
 from __future__ import annotations

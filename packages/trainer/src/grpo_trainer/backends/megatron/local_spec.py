@@ -1,14 +1,7 @@
 """A Megatron decoder block built from megatron-core's own (non transformer_engine) modules, for
 Qwen3, Qwen3-MoE and the Qwen3.5 hybrid (Gated DeltaNet + gated attention) family.
 
-Megatron-core's Qwen3.5 block spec only supports transformer_engine, and its local spec uses
-`torch.nn.RMSNorm`, which refuses zero-centred gammas (Qwen3.5) and sequence parallelism. Here:
-column/row parallel linears, causal SDPA (`SDPAttention`; megatron-core's unfused
-`DotProductAttention` with attention_backend=local/unfused), `SequentialMLP` experts (or grouped
-GEMMs through `torch._grouped_mm` when moe_grouped_gemm=true), `GatedDeltaNet` with
-a separate input norm, and `LocalRMSNorm`. Parameter names are the ones Megatron-Bridge maps
-(its registry aliases `input_layernorm.weight` to the fused TE name).
-Imports megatron: only imported by the Megatron backend.
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.megatron.local_spec`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Model and optimizer state of the Megatron policy as one distributed checkpoint that loads at
 any parallel layout (megatron-core's `dist_checkpointing`, torch_dist format).
 
-Every tensor is saved as its piece of the global tensor (key, global shape, offset), so a state
-saved at TP2 x EP2 loads at TP1, at PP2, ...: each rank reads the pieces its own shards need. The
-optimizer's tensors are in megatron-core's `fully_reshardable` form, one model-shaped tensor per
-parameter and moment (the distributed optimizer gathers its shards over the data-parallel ranks
-to save them, as the per-shard format before it did). Only tensors are stored: the optimizer's
-settings come from the run that loads, the Adam step count from `contents.json`. Why each step
-below is needed: docs/LAYOUTS.md, "Resume at another layout".
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.megatron.state`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """A vision-language checkpoint in the Megatron backend: transformers' vision tower feeding the
 Megatron language model.
 
-Megatron-Bridge's Qwen3.5 VL model builds its vision encoder from TransformerEngine layers only
-(docs/FACTS.md), so the tower here is transformers' own module (`model.visual` of the checkpoint), made a
-submodule of the first pipeline stage's GPTModel before Megatron wraps it. It is then one model for
-Megatron: bf16 like the rest, its gradients in the DDP buffers, its weights in the (distributed)
-optimizer, in the gradient norm and clip, offloaded with the rest. The bridge loads and exports it
-through one added mapping (`vision_tower.X` <-> `model.visual.X`, replicated over tensor-parallel
-ranks), so the weight sync to the rollout engine and the strict HF export carry the trained tower.
-
-The language model's rotary embedding becomes Qwen3.5's interleaved multimodal one (`mrope`), fed
-[3, batch, seq] positions on every micro-batch; a micro-batch with images enters the decoder as
-its word embeddings with the tower's output at the image tokens (`decoder_input`).
-Imports megatron: only imported by the Megatron backend.
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.megatron.vision_tower`.
 """
 
 from __future__ import annotations

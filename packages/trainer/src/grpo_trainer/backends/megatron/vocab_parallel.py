@@ -1,14 +1,6 @@
 """Log-probs and entropy from vocabulary-sharded logits, without gathering the full vocabulary.
 
-With tensor parallelism each rank holds logits for a contiguous slice `[vocab_start, vocab_start +
-V_local)` of the vocabulary. Everything a token's log-prob and the entropy need is a max, two sums
-and one picked logit over the vocabulary: each is computed on the local slice and all-reduced over
-the tensor-parallel group (3 all-reduces of `[N]` floats instead of gathering `[N, V]`).
-
-Gradients follow Megatron's convention for values reduced over the tensor-parallel group: every
-rank computes the same loss from the reduced values, so the backward of the all-reduce is the
-identity (each rank's slice gets exactly its own part of the gradient). Pure torch +
-torch.distributed: runs on CPU with gloo, so it is tested against a full-vocabulary reference.
+The derivation: docs/INTERNALS.md, `grpo_trainer.backends.megatron.vocab_parallel`.
 """
 
 from __future__ import annotations
