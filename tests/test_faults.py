@@ -278,7 +278,7 @@ def test_a_full_disk_is_said_with_the_path_and_leaves_no_partial_checkpoint(smal
 
 def test_ray_ends_with_a_driver_killed_by_sigkill(tmp_path: Path) -> None:
     """The driver's own Ray cluster (GCS, raylet, agents, workers) is gone within seconds of a
-    `kill -9` of the driver alone (it used to linger ~60 s): ray_reaper.py."""
+    `kill -9` of the driver alone (it used to linger ~60 s): workers/reaper.py."""
     out = tmp_path / "run"
     proc = _start(out, "total_training_steps=30", "checkpoint.save_freq=1")
     deadline = time.monotonic() + 300

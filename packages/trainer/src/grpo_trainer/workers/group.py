@@ -39,7 +39,7 @@ _stack_file: Any = None
 _stack_path: str | None = None
 
 
-_reaper: Any = None  # the watcher of a local cluster's processes (ray_reaper.py)
+_reaper: Any = None  # the watcher of a local cluster's processes (reaper.py)
 
 
 class WorkerError(RuntimeError):

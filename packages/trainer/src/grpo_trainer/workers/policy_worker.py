@@ -1,7 +1,7 @@
 """One rank: the policy (`Actor` over a backend) and, with rollout.mode=sync, its colocated rollout
 engine, in one process (with one_step_off the engines are `rollout_worker.RolloutWorker`s).
 
-`PolicyWorker` is a plain class; `worker_group` runs it as a Ray actor and `policy_workers` is the
+`PolicyWorker` is a plain class; `group.WorkerGroup` runs it as a Ray actor and `policy_workers` is the
 driver's typed facade over it: one method here per phase of the step. Every method that touches
 the policy is called on all ranks in the same order (they hold collectives).
 """

@@ -1,6 +1,6 @@
 """The driver's typed facade over the Ray workers (`worker.PolicyWorker`, one per rank): one method
 per phase of the step, typed arguments and results, each phase under its own `timeouts.*` limit.
-The string RPC of `worker_group` stays in here.
+The string RPC of the worker group (`group.py`) stays in here.
 
 Rows reach the ranks by data-parallel position: `shards[d]` (rows of the step's batch) goes to
 every rank whose data-parallel rank is d (model-parallel ranks of one group share their rows) and

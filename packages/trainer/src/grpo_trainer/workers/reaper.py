@@ -57,7 +57,7 @@ def start_reaper() -> subprocess.Popen[bytes] | None:
     ray_pids = [
         pid
         for pid in descendants(me)
-        if b"ray" in (cmd := _cmdline(pid) or b"") and b"ray_reaper" not in cmd  # an earlier watcher is no Ray process
+        if b"ray" in (cmd := _cmdline(pid) or b"") and __file__.encode() not in cmd  # an earlier watcher is no Ray process
     ]
     if not ray_pids:
         return None
