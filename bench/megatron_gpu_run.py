@@ -108,17 +108,17 @@ def build_batch(prompts: list[list[int]], generations: list[Any], pad: int) -> t
 
 
 def phase_grpo(out: Path, steps: int) -> None:
-    import tiny_hf
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    from grpo_tiny import hf_models
     from grpo_trainer.algo import grpo_math
     from grpo_trainer.backends.megatron import MegatronBackend
     from grpo_trainer.protocols import SamplingParams
     from grpo_trainer.rollout.hf_engine import HFRolloutEngine
 
     work = Path(tempfile.mkdtemp())
-    model_path = tiny_hf.save_random_model(tiny_hf.qwen35_moe_config(num_hidden_layers=4), work / "hf")
+    model_path = hf_models.save_random_model(hf_models.qwen35_moe_config(num_hidden_layers=4), work / "hf")
     cfg = megatron_cfg(model_path=str(model_path), use_kl_loss=True, micro_batch=16, seq=256, torch_gdn=True)
     t0 = time.perf_counter()
     backend = MegatronBackend.from_config(cfg, model_path=str(model_path))
@@ -278,10 +278,10 @@ def qwen3_moe_step_flops(config: Any, *, batch: int, seq: int) -> float:
 
 
 def mfu_model(family: str, layers: int, experts: int, topk: int, moe_ffn: int, hidden: int, seq: int) -> Any:
-    import tiny_hf
+    from grpo_tiny import hf_models
 
     if family == "qwen3moe":  # Qwen3-30B-A3B layer shape at hidden 2048: 32 heads of 128, 4 kv heads
-        return tiny_hf.qwen3_moe_config(
+        return hf_models.qwen3_moe_config(
             num_hidden_layers=layers,
             hidden_size=hidden,
             num_attention_heads=hidden // 64,
@@ -294,7 +294,7 @@ def mfu_model(family: str, layers: int, experts: int, topk: int, moe_ffn: int, h
             max_position_embeddings=seq,
         )
     heads = hidden // 128
-    return tiny_hf.qwen35_moe_config(
+    return hf_models.qwen35_moe_config(
         num_hidden_layers=layers,
         hidden_size=hidden,
         num_attention_heads=heads,
@@ -377,8 +377,7 @@ def profile_update(backend: Any, batch: Any, top: int = 40) -> dict[str, Any]:
 
 def phase_mfu(spec: str) -> None:
     """spec: family,layers,experts,topk,moe_ffn,hidden,batch,seq,micro."""
-    import tiny_hf
-
+    from grpo_tiny import hf_models
     from grpo_trainer.backends.megatron import MegatronBackend
     from grpo_trainer.protocols import PolicyBatch
     from grpo_trainer.workers.actor import Actor
@@ -388,7 +387,7 @@ def phase_mfu(spec: str) -> None:
     layers, experts, topk, moe_ffn, hidden, batch, seq, micro = (int(v) for v in numbers)
     config = mfu_model(family, layers, experts, topk, moe_ffn, hidden, seq)
     work = Path(tempfile.mkdtemp())
-    model_path = tiny_hf.save_random_model(config, work / "hf", device="cuda")
+    model_path = hf_models.save_random_model(config, work / "hf", device="cuda")
     torch.cuda.empty_cache()
     cfg = megatron_cfg(
         model_path=str(model_path),

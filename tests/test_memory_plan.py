@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,9 @@ import yaml
 
 from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, MegatronConfig, TrainerConfig
 from grpo_launch.memory_plan import CONTEXT_BYTES, GIB, model_counts, pipeline_in_flight, plan_memory
+from grpo_tiny import hf_models
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "packages/trainer/tests/megatron"))
-import tiny_hf  # noqa: E402
 
 # bench/megatron_gpu_run.py --mfu qwen3moe+gmm,LAYERS,32,8,FFN,HIDDEN,16,2048,MICRO, one spec per
 # process: torch.cuda.max_memory_allocated over 4 updates (GiB).
@@ -33,7 +31,7 @@ MEASURED = [
 
 
 def _qwen3_moe(path: Path, *, layers: int, ffn: int, hidden: int, experts: int = 32) -> Path:
-    config = tiny_hf.qwen3_moe_config(
+    config = hf_models.qwen3_moe_config(
         num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=hidden // 64,
         num_key_value_heads=max(hidden // 512, 1), head_dim=128, num_experts=experts, num_experts_per_tok=8,
         moe_intermediate_size=ffn, vocab_size=32768, max_position_embeddings=2048,

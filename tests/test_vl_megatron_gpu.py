@@ -23,7 +23,7 @@ from grpo_tiny import vl_task as tiny_vl_task
 from grpo_trainer.backends.megatron import megatron_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/trainer/tests/megatron"))
-import tiny_hf
+import local_megatron
 
 pytestmark = [
     pytest.mark.megatron,
@@ -38,7 +38,7 @@ ROWS = 4
 def _cfg(model_path: Path, *, freeze: bool):
     from grpo_config.schema import ActorConfig, DataConfig, DeviceConfig, TrainerConfig
 
-    megatron = tiny_hf.local_megatron_config(grouped_experts=True)
+    megatron = local_megatron.local_megatron_config(grouped_experts=True)
     actor = ActorConfig(
         model_path=str(model_path),
         backend="megatron",

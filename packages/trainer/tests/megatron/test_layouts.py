@@ -29,7 +29,8 @@ pytestmark = [
 
 sys.path.insert(0, str(Path(__file__).parent))
 import cpu_ranks  # noqa: E402
-import tiny_hf  # noqa: E402
+
+from grpo_tiny import hf_models  # noqa: E402
 
 PROGRAM = Path(__file__).parent / "layout_rank.py"
 TOLERANCE = 1e-5
@@ -76,8 +77,8 @@ LAYOUTS = [
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = tiny_hf.qwen35_moe_config()
-    return tiny_hf.save_random_model(config, tmp_path_factory.mktemp("layout") / "hf", dtype=torch.float32)
+    config = hf_models.qwen35_moe_config()
+    return hf_models.save_random_model(config, tmp_path_factory.mktemp("layout") / "hf", dtype=torch.float32)
 
 
 def _run(model_path: Path, layout: Layout, out: Path, reference: Path | None) -> dict[str, Any]:
@@ -102,8 +103,8 @@ def _once(layout: Layout, model_path: Path, factory: pytest.TempPathFactory, ref
 
 @pytest.fixture(scope="module")
 def sixteen_experts_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = tiny_hf.qwen35_moe_config(num_experts=16)
-    return tiny_hf.save_random_model(config, tmp_path_factory.mktemp("layout16") / "hf", dtype=torch.float32)
+    config = hf_models.qwen35_moe_config(num_experts=16)
+    return hf_models.save_random_model(config, tmp_path_factory.mktemp("layout16") / "hf", dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

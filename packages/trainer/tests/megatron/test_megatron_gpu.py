@@ -3,7 +3,7 @@ without CUDA or megatron-bridge; CI has neither a GPU nor runs these): log-probs
 model on the same weights, weight sync into the `hf` rollout engine, strict HF export, the same
 loss as the torch backend on the same weights and batch, a checkpoint round trip through grpo_ckpt
 that restores weights and optimizer state, and offload/onload. Random-weight Qwen3.5-MoE text model
-(tiny_hf), bf16, TP=PP=EP=1, transformer_impl=local (no transformer_engine on the GPU machine).
+(grpo_tiny.hf_models), bf16, TP=PP=EP=1, transformer_impl=local (no transformer_engine on the GPU machine).
 
 Run there: `python -m pytest -m "megatron and gpu" -s packages/trainer/tests/megatron/test_megatron_gpu.py`
 (`-s` prints the measured differences recorded in docs/benchmarks.md).
@@ -29,7 +29,9 @@ pytestmark = [
 ]
 
 sys.path.insert(0, str(Path(__file__).parent))
-import tiny_hf  # noqa: E402
+import local_megatron  # noqa: E402
+
+from grpo_tiny import hf_models  # noqa: E402
 
 SEQ = 96
 
@@ -39,7 +41,7 @@ def _cfg(model_path: Path, *, grouped_experts: bool, backend: str = "megatron"):
 
     # Grouped experts with grpo's own fused permutation and RoPE (the local layers' fast path);
     # the sequential experts with megatron-core's unfused permutation and RoPE.
-    megatron = tiny_hf.local_megatron_config(grouped_experts=grouped_experts, fused_permutation=grouped_experts)
+    megatron = local_megatron.local_megatron_config(grouped_experts=grouped_experts, fused_permutation=grouped_experts)
     actor = ActorConfig(
         model_path=str(model_path),
         backend=backend,
@@ -59,7 +61,7 @@ def _cfg(model_path: Path, *, grouped_experts: bool, backend: str = "megatron"):
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_hf.save_random_model(tiny_hf.qwen35_moe_config(), tmp_path_factory.mktemp("q35") / "hf")
+    return hf_models.save_random_model(hf_models.qwen35_moe_config(), tmp_path_factory.mktemp("q35") / "hf")
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sequential-experts", "grouped-experts-fused-permutation"])

@@ -30,7 +30,7 @@ pytestmark = [
 ]
 
 sys.path.insert(0, str(Path(__file__).parent))
-import tiny_hf  # noqa: E402
+from grpo_tiny import hf_models  # noqa: E402
 
 LOCAL = MegatronConfig(
     transformer_impl="local",
@@ -49,7 +49,7 @@ def _cfg(megatron: MegatronConfig = LOCAL) -> TrainerConfig:
 
 @pytest.fixture(scope="module")
 def qwen35_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_hf.save_random_model(tiny_hf.qwen35_moe_config(), tmp_path_factory.mktemp("qwen35") / "hf")
+    return hf_models.save_random_model(hf_models.qwen35_moe_config(), tmp_path_factory.mktemp("qwen35") / "hf")
 
 
 @pytest.fixture(scope="module")
