@@ -398,30 +398,6 @@ REFUSED: dict[str, tuple[list[str], str]] = {
         )
     },
     "ref.megatron.bridge": ([*MEGATRON, "ref.megatron.bridge=mbridge"], "allowed values: 'megatron-bridge'"),
-    "ref.megatron.use_distributed_optimizer": (
-        [*MEGATRON, "ref.megatron.use_distributed_optimizer=false"],
-        FROZEN,
-    ),
-    "ref.megatron.optimizer_offload_fraction": (
-        [*MEGATRON, "ref.megatron.optimizer_offload_fraction=0.5"],
-        FROZEN,
-    ),
-    "ref.megatron.grad_offload": ([*MEGATRON, "ref.megatron.grad_offload=true"], FROZEN),
-    "ref.megatron.optimizer_offload": ([*MEGATRON, "ref.megatron.optimizer_offload=true"], FROZEN),
-    "ref.megatron.override_optimizer_config": (
-        [*MEGATRON, "ref.megatron.override_optimizer_config={clip_grad: 2.0}"],
-        FROZEN,
-    ),
-    "ref.megatron.recompute_method": ([*MEGATRON, "ref.megatron.recompute_method=uniform"], FROZEN),
-    "ref.megatron.recompute_granularity": (
-        [*MEGATRON, "ref.megatron.recompute_granularity=selective"],
-        FROZEN,
-    ),
-    "ref.megatron.recompute_num_layers": ([*MEGATRON, "ref.megatron.recompute_num_layers=1"], FROZEN),
-    "ref.megatron.gradient_accumulation_fusion": (
-        [*MEGATRON, "ref.megatron.gradient_accumulation_fusion=true"],
-        FROZEN,
-    ),
     "ref.megatron.use_dist_checkpointing": (
         [*MEGATRON, "ref.megatron.use_dist_checkpointing=true"],
         "cannot be honoured",

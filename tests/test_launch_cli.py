@@ -19,6 +19,7 @@ import yaml
 
 import grpo_config
 import grpo_device
+from grpo_config.schema import RefMegatronConfig
 from grpo_launch import plan_full
 from grpo_launch_qwen35_35b import PROFILE as PROFILE_35B
 from grpo_launch_qwen35_35b import main as main_35b
@@ -125,7 +126,7 @@ def test_ref_inherits_actor_settings(model: str, device: str, launch_env) -> Non
     # The one deliberate difference: the ref's weights are always offloaded between uses.
     assert cfg.ref.megatron.param_offload is True
     assert dataclasses.replace(cfg.ref.megatron, param_offload=cfg.actor.megatron.param_offload) == (
-        cfg.actor.megatron
+        RefMegatronConfig.of_actor(cfg.actor.megatron)
     )
 
 

@@ -191,7 +191,8 @@ def test_an_override_of_a_grpo_megatron_setting_sets_that_setting() -> None:
     assert cfg.actor.megatron.moe_aux_loss_coeff == 0.01
     assert cfg.actor.megatron.override_transformer_config == {}
     assert cfg.ref.megatron.moe_z_loss_coeff == 0.001
-    assert cfg.ref.megatron.recompute_num_layers == 2  # the rest inherited from the actor
+    assert cfg.ref.megatron.moe_aux_loss_coeff == 0.01  # the rest inherited from the actor
+    assert cfg.ref.megatron.for_build(cfg.actor.megatron).recompute_num_layers == 2
     with pytest.raises(ConfigError, match=r"set actor\.megatron\.recompute_method instead"):
         load(None, ["actor.backend=megatron", "actor.megatron.override_transformer_config={recompute_method: uniform}"])
 

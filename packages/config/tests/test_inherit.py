@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from grpo_config import MegatronConfig, ParallelConfig, RefConfig, TrainerConfig, load, resolve_ref
 from grpo_config.inherit import INHERITED
 from grpo_config.loader import build
+from grpo_config.schema import RefMegatronConfig
 from grpo_config.sources import collect
 
 
@@ -16,7 +19,7 @@ def test_loaded_ref_has_no_none_and_equals_actor() -> None:
     for field in dataclasses.fields(RefConfig):
         assert getattr(cfg.ref, field.name) is not None, field.name
     assert set(INHERITED) == {f.name for f in dataclasses.fields(RefConfig)}
-    assert cfg.ref.megatron == cfg.actor.megatron and cfg.ref.parallel == cfg.parallel
+    assert cfg.ref.megatron == RefMegatronConfig.of_actor(cfg.actor.megatron) and cfg.ref.parallel == cfg.parallel
 
 
 def test_actor_settings_reach_ref_the_122b_bug() -> None:
@@ -91,9 +94,25 @@ def test_ref_sections_merge_field_by_field() -> None:
 
 
 def test_resolve_ref_on_programmatic_config() -> None:
-    cfg = TrainerConfig(ref=RefConfig(use_remove_padding=False, megatron=MegatronConfig(param_offload=True)))
+    cfg = TrainerConfig(ref=RefConfig(use_remove_padding=False, megatron=RefMegatronConfig(param_offload=True)))
     resolved = resolve_ref(cfg)
     assert resolved.ref.use_remove_padding is False  # explicit, kept
     assert resolved.ref.model_path == cfg.actor.model_path and resolved.ref.parallel == cfg.parallel
-    assert resolved.ref.megatron == MegatronConfig(param_offload=True)  # whole object given: kept as is
+    assert resolved.ref.megatron == RefMegatronConfig(param_offload=True)  # whole object given: kept as is
     assert resolve_ref(resolved) is resolved  # nothing left to fill
+
+
+def test_the_reference_section_has_no_training_settings() -> None:
+    """ref.megatron is the actor's section less what only training reads; a training setting given
+    for the reference is refused in one line, unless it restates the actor's (verl scripts do)."""
+    from grpo_config import ConfigError
+    from grpo_config.schema import TRAINING_ONLY_MEGATRON
+
+    names = {f.name for f in dataclasses.fields(RefMegatronConfig)}
+    assert names == {f.name for f in dataclasses.fields(MegatronConfig)} - set(TRAINING_ONLY_MEGATRON)
+    same = load(None, ["actor.backend=megatron", "actor.megatron.recompute_num_layers=2",
+                       "actor.megatron.recompute_granularity=full", "actor.megatron.recompute_method=uniform",
+                       "ref.megatron.recompute_num_layers=2", "ref.megatron.param_offload=true"])
+    assert same.ref.megatron.param_offload and same.ref.megatron.for_build(same.actor.megatron).recompute_num_layers == 2
+    with pytest.raises(ConfigError, match=r"^ref\.megatron\.grad_offload=True: the reference model is frozen .* \(actor\.megatron\.grad_offload\)"):
+        load(None, ["actor.backend=megatron", "ref.megatron.grad_offload=true"])

@@ -15,6 +15,7 @@ def test_public_api_is_frozen() -> None:
         "MegatronConfig",
         "ParallelConfig",
         "RefConfig",
+        "RefMegatronConfig",
         "RewardConfig",
         "RolloutConfig",
         "RolloutReplicas",

@@ -14,8 +14,16 @@ from typing import Any
 
 import yaml
 
-from grpo_config.build import build_section
-from grpo_config.schema import RefConfig, TrainerConfig
+from grpo_config.build import build_section, field_types
+from grpo_config.coerce import coerce
+from grpo_config.errors import ConfigError
+from grpo_config.schema import (
+    TRAINING_ONLY_MEGATRON,
+    MegatronConfig,
+    RefConfig,
+    RefMegatronConfig,
+    TrainerConfig,
+)
 
 # RefConfig field -> where its default comes from (the actor, or the root for `parallel`).
 INHERITED: Mapping[str, str] = {
@@ -34,7 +42,8 @@ def _lookup(cfg: TrainerConfig, dotted: str) -> Any:
     node: Any = cfg
     for part in dotted.split("."):
         node = getattr(node, part)
-    return node
+    # The reference model's Megatron section is the actor's less what only training reads.
+    return RefMegatronConfig.of_actor(node) if dotted == "actor.megatron" else node
 
 
 def resolve_ref(cfg: TrainerConfig) -> TrainerConfig:
@@ -68,9 +77,34 @@ def _as_mapping(value: Any) -> Any:
 def build_ref(cfg: TrainerConfig, raw_ref: Mapping[str, Any]) -> TrainerConfig:
     """`cfg` with `ref` built from the user's partial `raw_ref`, sections merged onto the actor's."""
     raw = dict(raw_ref)
+    if "megatron" in raw:
+        raw["megatron"] = _drop_training_only(raw["megatron"], cfg.actor.megatron)
     for name in ("parallel", "megatron"):
         explicit = _as_mapping(raw.get(name))
         if isinstance(explicit, Mapping):
             raw[name] = _deep_merge(dataclasses.asdict(_lookup(cfg, INHERITED[name])), explicit)
     ref = build_section(RefConfig, raw, "ref")
     return resolve_ref(dataclasses.replace(cfg, ref=ref))
+
+
+def _drop_training_only(megatron: Any, actor: MegatronConfig) -> Any:
+    """`ref.megatron` without the settings only training reads: one equal to the actor's is what the
+    reference is built with anyway (verl scripts often restate it); another is refused, one line."""
+    given = _as_mapping(megatron)
+    if not isinstance(given, Mapping):
+        return megatron
+    types = field_types(MegatronConfig)
+    different = []
+    for key in [k for k in TRAINING_ONLY_MEGATRON if k in given]:
+        value = coerce(given[key], types[key], path=f"ref.megatron.{key}", build_section=build_section)
+        if value != getattr(actor, key):
+            different.append(f"ref.megatron.{key}={value}")
+    if different:
+        key = different[0].partition("=")[0]
+        raise ConfigError(
+            f"{', '.join(different)}: the reference model is frozen (no optimizer, no gradients, no backward "
+            f"pass), so its section has no such setting. Set it on the actor ({key.replace('ref.', 'actor.', 1)}), "
+            "or remove it.",
+            key=key,
+        )
+    return {k: v for k, v in given.items() if k not in TRAINING_ONLY_MEGATRON}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 DeviceName = Literal["auto", "cuda", "npu", "cpu"]
@@ -96,6 +96,49 @@ class MegatronConfig:
     override_optimizer_config: dict[str, Any] = field(default_factory=dict)
 
 
+# What only training reads: the optimizer's settings, gradients', the backward pass's. The reference
+# model is frozen, so its section (`RefMegatronConfig`) has none of them.
+TRAINING_ONLY_MEGATRON = (
+    "use_distributed_optimizer",
+    "optimizer_offload_fraction",
+    "grad_offload",
+    "optimizer_offload",
+    "override_optimizer_config",
+    "recompute_method",
+    "recompute_granularity",
+    "recompute_num_layers",
+    "gradient_accumulation_fusion",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefMegatronConfig:
+    """The reference model's Megatron options: the actor's (`MegatronConfig`) less what only training
+    reads (`TRAINING_ONLY_MEGATRON`). Unset, every one is the actor's."""
+
+    bridge: Literal["megatron-bridge"] = "megatron-bridge"
+    param_offload: bool = False
+    use_dist_checkpointing: bool = False
+    transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
+    moe_grouped_gemm: bool = True
+    moe_permute_fusion: bool = True
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float = 0.0
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"] = "aux_loss"
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] = "auto"
+    apply_rope_fusion: bool = True
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of_actor(cls, actor: MegatronConfig) -> RefMegatronConfig:
+        return cls(**{f.name: getattr(actor, f.name) for f in fields(cls)})
+
+    def for_build(self, actor: MegatronConfig) -> MegatronConfig:
+        """The options the reference model is built with: the actor's, with this section's values."""
+        return replace(actor, **{f.name: getattr(self, f.name) for f in fields(self)})
+
+
 @dataclass(frozen=True, kw_only=True)
 class PolicyLossConfig:
     """verl's `actor.policy_loss`: "vanilla" (PPO, dual clip), "gspo" (sequence-level ratio) or
@@ -154,7 +197,7 @@ class RefConfig:
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_max_token_len_per_device: int | None = None
     parallel: ParallelConfig | None = None
-    megatron: MegatronConfig | None = None
+    megatron: RefMegatronConfig | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ from grpo_config.schema import (
     MegatronConfig,
     OverlongBufferConfig,
     ParallelConfig,
+    RefMegatronConfig,
     RewardConfig,
     RolloutConfig,
     RolloutCorrectionConfig,
@@ -354,21 +355,6 @@ def _changed(section: Any, default: Any, names: Any, prefix: str) -> list[str]:
     ]
 
 
-# Megatron settings of the training side only: the reference model has no optimizer or gradients.
-_TRAINING_ONLY = (
-    "use_distributed_optimizer",
-    "optimizer_offload_fraction",
-    "grad_offload",
-    "optimizer_offload",
-    "override_optimizer_config",
-    # Backward-pass settings: the reference model only runs forward.
-    "recompute_method",
-    "recompute_granularity",
-    "recompute_num_layers",
-    "gradient_accumulation_fusion",
-)
-
-
 def _megatron_reference_problems(cfg: TrainerConfig) -> list[str]:
     problems: list[str] = []
     if cfg.ref.parallel not in (None, cfg.parallel):
@@ -378,13 +364,6 @@ def _megatron_reference_problems(cfg: TrainerConfig) -> list[str]:
             "from parallel: the Megatron reference model shares the actor's parallel layout (one set of "
             "process groups). Remove ref.parallel (it inherits parallel)."
         )
-    if cfg.ref.megatron is not None:
-        changed = _changed(cfg.ref.megatron, cfg.actor.megatron, _TRAINING_ONLY, "ref.megatron")
-        if changed:
-            problems.append(
-                f"{', '.join(changed)}: the reference model is frozen (no optimizer, no gradients), so "
-                f"these settings have nothing to act on. Remove them (ref.megatron inherits the actor's)."
-            )
     if cfg.parallel.cp > 1:
         problems.append(
             f"parallel.cp={cfg.parallel.cp}: context parallelism is not supported by the Megatron "
@@ -400,7 +379,7 @@ def _unread_problems(cfg: TrainerConfig) -> list[str]:
         changed += _changed(
             cfg.actor.megatron, MegatronConfig(), [f.name for f in dataclasses.fields(MegatronConfig)], "actor.megatron"
         )
-        if cfg.ref.megatron not in (None, cfg.actor.megatron):
+        if cfg.ref.megatron not in (None, RefMegatronConfig.of_actor(cfg.actor.megatron)):
             changed.append("ref.megatron")
         if cfg.ref.parallel not in (None, cfg.parallel):
             changed.append("ref.parallel")

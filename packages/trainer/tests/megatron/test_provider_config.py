@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from grpo_config.schema import ActorConfig, MegatronConfig, ParallelConfig, TrainerConfig
+from grpo_config.schema import ActorConfig, MegatronConfig, ParallelConfig, RefMegatronConfig, TrainerConfig
 from grpo_trainer.backends.megatron import (
     ModelShape,
     ParallelSizeError,
@@ -171,8 +171,8 @@ def test_offload_fraction_out_of_range() -> None:
 def test_ref_settings_can_differ_from_the_actor() -> None:
     """The reference model is built from ref.megatron's model settings (transformer_impl, MoE
     dispatch and losses, attention backend, fusions)."""
-    ref = replace(LOCAL, moe_token_dispatcher_type="allgather", attention_backend="unfused")
-    settings = provider_settings(_cfg(), transformer_engine_available=False, megatron=ref)
+    ref = replace(RefMegatronConfig.of_actor(LOCAL), moe_token_dispatcher_type="allgather", attention_backend="unfused")
+    settings = provider_settings(_cfg(), transformer_engine_available=False, megatron=ref.for_build(LOCAL))
     actor = provider_settings(_cfg(), transformer_engine_available=False, megatron=LOCAL)
     assert settings["moe_token_dispatcher_type"] == "allgather" != actor["moe_token_dispatcher_type"]
     assert settings["attention_backend"] == "unfused" != actor["attention_backend"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import grpo_config
-from grpo_config.schema import TrainerConfig
+from grpo_config.schema import RefMegatronConfig, TrainerConfig
 from grpo_launch.cost_model import (
     CPU_ADAM_PARAMS_PER_S,
     DECODE_HBM_EFFICIENCY,
@@ -199,7 +199,9 @@ def apply(cfg: TrainerConfig, layout: Layout) -> TrainerConfig:
         recompute_num_layers=1 if layout.recompute else None,
     )
     # The reference inherits the actor's Megatron settings (its optimizer ones must equal the actor's).
-    ref_megatron = dataclasses.replace(megatron, param_offload=layout.offload) if cfg.ref.megatron else None
+    ref_megatron = (
+        dataclasses.replace(RefMegatronConfig.of_actor(megatron), param_offload=layout.offload) if cfg.ref.megatron else None
+    )
     return dataclasses.replace(
         cfg,
         parallel=dataclasses.replace(

@@ -302,5 +302,6 @@ def _build_models(
     ref = None
     if cfg.uses_reference_model:
         ref_path = cfg.ref.model_path or model_path
-        ref = build_policy(cfg, model_path=ref_path, megatron=cfg.ref.megatron, trainable=False, kind=kind)
+        megatron = cfg.ref.megatron.for_build(cfg.actor.megatron) if cfg.ref.megatron else None
+        ref = build_policy(cfg, model_path=ref_path, megatron=megatron, trainable=False, kind=kind)
     return policy, ref
