@@ -33,3 +33,17 @@ def test_auto_detects(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_bad_kind_names_the_setting() -> None:
     with pytest.raises(InvalidDeviceError, match=r"device\.kind='tpu'"):
         resolve_device_kind(_cfg("tpu"))
+
+
+def test_the_driver_resolves_auto_once_for_every_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train` hands the workers a config whose kind is the driver's detection, not "auto"."""
+    from grpo_trainer.devices import with_device_kind
+
+    monkeypatch.setenv("DEVICE", "cpu")
+    resolved = with_device_kind(_cfg("auto"))
+    assert resolved.device.kind == "cpu" and resolved.device.nnodes == 1
+    calls = []
+    monkeypatch.setattr("grpo_device.detect", lambda: calls.append(1) or DeviceKind.CUDA)
+    assert resolve_device_kind(resolved) is DeviceKind.CPU and calls == []  # no second detection
+    explicit = _cfg("npu")
+    assert with_device_kind(explicit) is explicit

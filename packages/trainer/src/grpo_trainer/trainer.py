@@ -28,7 +28,7 @@ from grpo_trainer.algo.rollout_correction import RolloutCorrection, mismatch_met
 from grpo_trainer.batching import dp_row_split, pad_rows, response_budget
 from grpo_trainer.data import PromptItem, ResumableSampler, datasets_for
 from grpo_trainer.data.images import load_processor
-from grpo_trainer.devices import resolve_device_kind
+from grpo_trainer.devices import resolve_device_kind, with_device_kind
 from grpo_trainer.driver.metrics import MetricsLogger, WandbRun, pick_val_generations, plot_metrics
 from grpo_trainer.driver.resume_layout import (
     LAYOUT_KEY,
@@ -354,6 +354,7 @@ def _train(cfg: TrainerConfig, *, ray_runtime_env: dict[str, Any] | None) -> Tra
     from grpo_ckpt import CheckpointManager
 
     wall_start = time.perf_counter()
+    cfg = with_device_kind(cfg)  # detected once, here; the workers read it
     check_model_path(cfg.actor.model_path)
     ignored = grpo_config.inert_settings(cfg)
     if ignored:
