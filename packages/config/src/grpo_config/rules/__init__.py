@@ -1,0 +1,1 @@
+"""Cross-field checks, grouped by the section they check; `grpo_config.validate` runs them all."""

@@ -1,0 +1,69 @@
+"""`rollout.mode=one_step_off`: rollout workers of their own, and what they need."""
+
+from __future__ import annotations
+
+from grpo_config.schema import (
+    TrainerConfig,
+)
+
+
+def one_step_off_problems(cfg: TrainerConfig) -> list[str]:
+    """rollout.mode=one_step_off: rollout workers of their own, one update behind the policy."""
+    rollout = cfg.rollout
+    if rollout.mode == "sync":
+        if rollout.devices_per_node != 0 or rollout.nnodes != 1:
+            return [
+                f"rollout.nnodes={rollout.nnodes} / rollout.devices_per_node={rollout.devices_per_node} give the "
+                "rollout workers devices of their own, which only rollout.mode=one_step_off uses (in sync mode "
+                "the engines share the training ranks' devices): set rollout.mode=one_step_off, or "
+                "rollout.nnodes=1 and rollout.devices_per_node=0."
+            ]
+        return []
+    problems: list[str] = []
+    if rollout.devices_per_node < 1 or rollout.nnodes < 1:
+        problems.append(
+            f"rollout.mode=one_step_off needs rollout workers on devices of their own: set "
+            f"rollout.devices_per_node >= 1 and rollout.nnodes >= 1 (got {rollout.devices_per_node} and "
+            f"{rollout.nnodes}; verl's rollout.n_gpus_per_node / rollout.nnodes)."
+        )
+    if rollout.tensor_parallel_size != 1:
+        problems.append(
+            f"rollout.tensor_parallel_size={rollout.tensor_parallel_size} with rollout.mode=one_step_off: a "
+            "rollout worker is one engine on one device in this mode (tensor-parallel rollout workers are "
+            "not implemented). Set rollout.tensor_parallel_size=1 or rollout.mode=sync."
+        )
+    correction = cfg.algorithm.rollout_correction
+    if correction.rollout_is is None and not correction.bypass_mode:
+        problems.append(
+            "rollout.mode=one_step_off trains on responses sampled with the weights from before the previous "
+            "update, so the importance weights of algorithm.rollout_correction are needed: set "
+            "algorithm.rollout_correction.rollout_is=token (or sequence), or bypass_mode=true (the PPO ratio "
+            "then is taken against the rollout engine's own log-probs)."
+        )
+    if cfg.algorithm.filter_groups.enable:
+        problems.append(
+            "algorithm.filter_groups.enable=true with rollout.mode=one_step_off: dynamic sampling's further "
+            "generation rounds would come from a policy of another age than the first; it is not implemented "
+            "with one-step-off rollout. Set one of them off."
+        )
+    if rollout.engine == "vllm" and rollout.free_cache_engine:
+        problems.append(
+            "rollout.free_cache_engine=true puts a colocated vLLM engine to sleep between rollouts to free its "
+            "device for training; with rollout.mode=one_step_off the engine has devices of its own and keeps "
+            "generating. Set rollout.free_cache_engine=false."
+        )
+    if cfg.actor.backend == "megatron":
+        megatron = cfg.actor.megatron
+        offloads = [
+            f"actor.megatron.{name}=true"
+            for name in ("param_offload", "grad_offload", "optimizer_offload")
+            if getattr(megatron, name)
+        ]
+        if offloads:
+            problems.append(
+                f"{', '.join(offloads)}: offload frees the training devices for a colocated rollout engine; "
+                "with rollout.mode=one_step_off the engine has devices of its own, so nothing would use the "
+                "freed memory. Set them to false (actor.megatron.optimizer_offload_fraction still offloads "
+                "the optimizer step itself)."
+            )
+    return problems
