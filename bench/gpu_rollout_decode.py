@@ -53,33 +53,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _gpu_record import Record, sync
 from gpu_weight_sync import SMOKE, TEXT, write_model_dir
 
-R: dict[str, Any] = {"status": "started"}
-T0 = time.time()
+R = Record()
+T0 = R.t0
+log = R.log
 PEAK_BF16_TFLOPS = 989.0  # H100 / H200 SXM dense bf16 (vendor)
 HBM_TBS = {"H200": 4.8, "H100": 3.35}  # SXM parts (vendor)
 
 
-def log(*parts: Any) -> None:
-    print(f"[{time.time() - T0:7.1f}s]", *parts, flush=True)
 
-
-def phase(dump: Any, key: str, run: Any) -> Any:
-    """One phase: its result (or its error) under `key`; the next phases run either way."""
-    try:
-        R[key] = run()
-    except Exception as error:
-        R[key] = f"FAILED {type(error).__name__}: {str(error)[:1000]}"
-        traceback.print_exc()
-    log(key, json.dumps(R[key], default=str))
-    dump()
-    return R[key]
 
 
 def model_counts(model_dir: Path) -> dict[str, Any]:
     """Parameters from the config (a meta-device HF model): total, embedding, lm_head, routed experts,
-    and the active ones per token (embedding out, lm_head in, routed experts at top-k / E)."""
+    and the active ones per token (embedding out, lm_head in, routed experts at top-k / E). Exact
+    totals of the text model: the memory plan's `model_counts` keeps per-stage maxima (the largest
+    layer), which overstate a hybrid model's sum."""
     from transformers import AutoConfig, Qwen3_5MoeForCausalLM
 
     text = AutoConfig.from_pretrained(model_dir).text_config
@@ -187,11 +178,6 @@ class Runner:
         return s, tokens
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def decode(runner: Runner, batch: int, prompt_len: int, new_tokens: int, runs: int, weight_bytes: int,
            counts: dict[str, Any], hbm_bytes_per_s: float | None) -> dict[str, Any]:
     runner.once(batch, prompt_len, new_tokens)  # warm-up
@@ -261,9 +247,8 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def dump() -> None:
-        R["elapsed_s"] = round(time.time() - T0, 1)
-        (out / "gpu_rollout_decode.json").write_text(json.dumps(R, indent=1, default=str))
+    R.path = out / "gpu_rollout_decode.json"
+    dump = R.dump
 
     try:
         cuda = torch.cuda.is_available() and not a.smoke
@@ -275,7 +260,7 @@ def main() -> None:
         R["peak_bf16_TFLOPs"] = PEAK_BF16_TFLOPS if cuda else None
         log("device", R["device"], "HBM TB/s", R["hbm_TB_per_s"])
         if "cpu_adam" not in skip:
-            phase(dump, "cpu_adam", lambda: cpu_adam(int(a.adam_params), max(a.runs, 5)))
+            R.phase("cpu_adam", lambda: cpu_adam(int(a.adam_params), max(a.runs, 5)))
 
         model_dir = Path("/tmp/qwen35_35b_a3b_dummy_decode")
         write_model_dir(model_dir, a.layers)
@@ -352,12 +337,12 @@ def main() -> None:
             R["decode"] = {}
             for b in batches:
                 R["decode"][str(b)] = None
-                phase(dump, f"decode_B{b}", lambda b=b: decode(runner, b, a.prompt_len, a.new_tokens, a.runs,
+                R.phase(f"decode_B{b}", lambda b=b: decode(runner, b, a.prompt_len, a.new_tokens, a.runs,
                                                                 weights["bytes"], counts, hbm))
                 R["decode"][str(b)] = R.pop(f"decode_B{b}")
             dump()
         if "prefill" not in skip:
-            phase(dump, "prefill", lambda: prefill(runner, a.prefill_batch, a.prefill_len, a.runs,
+            R.phase("prefill", lambda: prefill(runner, a.prefill_batch, a.prefill_len, a.runs,
                                                    counts["active_params"]))
         R["status"] = "ok"
     except BaseException as error:

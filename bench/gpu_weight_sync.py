@@ -34,9 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _gpu_record import Record, sync
 
-R: dict[str, Any] = {"status": "started"}
-T0 = time.time()
+R = Record()
+T0 = R.t0
+log = R.log
 # Qwen3.5-35B-A3B's text config (its published config.json; THUDM/slime's qwen3.5-35B-A3B script).
 TEXT = dict(
     vocab_size=248320,
@@ -68,14 +70,6 @@ SMOKE = dict(vocab_size=600, hidden_size=256, num_experts=8, moe_intermediate_si
              shared_expert_intermediate_size=64, num_attention_heads=4, head_dim=64,
              rope_parameters=dict(TEXT["rope_parameters"], mrope_section=[3, 3, 2]))  # sums to head_dim * 0.25 / 2
 
-
-def log(*parts: Any) -> None:
-    print(f"[{time.time() - T0:7.1f}s]", *parts, flush=True)
-
-
-def sync() -> None:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
 
 
 def gpu_used_gib() -> float | None:
@@ -246,9 +240,8 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def dump() -> None:
-        R["elapsed_s"] = round(time.time() - T0, 1)
-        (out / "gpu_weight_sync.json").write_text(json.dumps(R, indent=1, default=str))
+    R.path = out / "gpu_weight_sync.json"
+    dump = R.dump
 
     try:
         R["torch"] = torch.__version__
@@ -314,12 +307,12 @@ def main() -> None:
             "vLLM's own load_weights", R["vllm_own_load_weights_s"], "s")
         dump()
 
-        phase(dump, "rl_cycle", lambda: rl_cycle(engine, tensors, nbytes, ours))
+        R.phase("rl_cycle", lambda: rl_cycle(engine, tensors, nbytes, ours))
         if a.generate:
-            phase(dump, "generate", lambda: raw_vs_adapter(engine, prompts=a.generate_prompts, n=a.generate_n,
+            R.phase("generate", lambda: raw_vs_adapter(engine, prompts=a.generate_prompts, n=a.generate_n,
                                                             max_tokens=a.generate_tokens, runs=a.runs))
         if a.shm:
-            phase(dump, "shm_run", lambda: shm_once(engine, tensors, nbytes, ours))
+            R.phase("shm_run", lambda: shm_once(engine, tensors, nbytes, ours))
         R["status"] = "ok"
     except BaseException as error:
         R["status"] = f"FAILED {type(error).__name__}: {str(error)[:1500]}"
@@ -330,15 +323,6 @@ def main() -> None:
         os._exit(0)
 
 
-def phase(dump: Any, key: str, run: Any) -> None:
-    """One optional phase: its result (or its error) under `key`; the next phases run either way."""
-    try:
-        R[key] = run()
-    except Exception as error:
-        R[key] = f"FAILED {type(error).__name__}: {str(error)[:1000]}"
-        traceback.print_exc()
-    log(key, R[key])
-    dump()
 
 
 def rl_cycle(engine: Any, tensors: list[tuple[str, torch.Tensor]], nbytes: int, expected: Any) -> dict[str, Any]:
