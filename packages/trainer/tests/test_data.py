@@ -220,5 +220,24 @@ def test_public_api_is_frozen():
         "PromptDataset",
         "PromptItem",
         "ResumableSampler",
+        "datasets_for",
         "load_rows",
     ]
+
+
+def test_the_data_section_names_the_datasets(tmp_path, tokenizer):
+    """`datasets_for(cfg.data, ...)`: the training set always, the validation set when val_files is
+    set, each with the section's prompt key, length limit and overlong handling."""
+    from grpo_config.schema import DataConfig
+    from grpo_trainer.data import datasets_for
+
+    rows = [chat_row("solve for x", extra={"index": i}) for i in range(3)]
+    path = write_parquet(tmp_path / "t.parquet", rows)
+    with pytest.raises(ValueError, match=r"data\.train_files is empty"):
+        datasets_for(DataConfig(train_files=[]), tokenizer, None)
+    train, val = datasets_for(DataConfig(train_files=[str(path)], val_files=[]), tokenizer, None)
+    assert len(train) == 3 and val is None
+    train, val = datasets_for(DataConfig(train_files=[str(path)], val_files=[str(path)]), tokenizer, None)
+    assert len(train) == len(val) == 3
+    with pytest.raises(ValueError, match="3 overlong filtered"):  # every prompt is longer than 2 tokens
+        datasets_for(DataConfig(train_files=[str(path)], max_prompt_length=2), tokenizer, None)
