@@ -38,18 +38,24 @@ INHERITED: Mapping[str, str] = {
 }
 
 
-def _lookup(cfg: TrainerConfig, dotted: str) -> Any:
+# A ref field whose type is not its source's: the reference model's Megatron section is the
+# actor's less what only training reads.
+_AS_REF: Mapping[str, Any] = {"megatron": RefMegatronConfig.of_actor}
+
+
+def _inherited(cfg: TrainerConfig, name: str) -> Any:
+    """Ref field `name`'s value when unset: its source's (INHERITED), as the ref field's type."""
     node: Any = cfg
-    for part in dotted.split("."):
+    for part in INHERITED[name].split("."):
         node = getattr(node, part)
-    # The reference model's Megatron section is the actor's less what only training reads.
-    return RefMegatronConfig.of_actor(node) if dotted == "actor.megatron" else node
+    convert = _AS_REF.get(name)
+    return convert(node) if convert else node
 
 
 def resolve_ref(cfg: TrainerConfig) -> TrainerConfig:
     """`cfg` with every unset (`None`) ref field taken from the actor / root parallel."""
     filled = {
-        name: _lookup(cfg, source) for name, source in INHERITED.items() if getattr(cfg.ref, name) is None
+        name: _inherited(cfg, name) for name in INHERITED if getattr(cfg.ref, name) is None
     }
     return dataclasses.replace(cfg, ref=dataclasses.replace(cfg.ref, **filled)) if filled else cfg
 
@@ -82,7 +88,7 @@ def build_ref(cfg: TrainerConfig, raw_ref: Mapping[str, Any]) -> TrainerConfig:
     for name in ("parallel", "megatron"):
         explicit = _as_mapping(raw.get(name))
         if isinstance(explicit, Mapping):
-            raw[name] = _deep_merge(dataclasses.asdict(_lookup(cfg, INHERITED[name])), explicit)
+            raw[name] = _deep_merge(dataclasses.asdict(_inherited(cfg, name)), explicit)
     ref = build_section(RefConfig, raw, "ref")
     return resolve_ref(dataclasses.replace(cfg, ref=ref))
 
