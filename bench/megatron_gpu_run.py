@@ -121,7 +121,7 @@ def phase_grpo(out: Path, steps: int) -> None:
     model_path = hf_models.save_random_model(hf_models.qwen35_moe_config(num_hidden_layers=4), work / "hf")
     cfg = megatron_cfg(model_path=str(model_path), use_kl_loss=True, micro_batch=16, seq=256, torch_gdn=True)
     t0 = time.perf_counter()
-    backend = MegatronBackend.from_config(cfg, model_path=str(model_path))
+    backend = MegatronBackend.for_config(cfg, model_path=str(model_path))
     RESULTS["grpo_build_s"] = time.perf_counter() - t0
 
     # HF export, strict, before training: must equal the input checkpoint exactly.
@@ -400,7 +400,7 @@ def phase_mfu(spec: str) -> None:
         fused_rope="rope" in options,
         attention="unfused" if "unfused" in options else "auto",
     )
-    backend = Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_path)))
+    backend = Actor.for_config(cfg, MegatronBackend.for_config(cfg, model_path=str(model_path)))
     ids = torch.randint(3, config.vocab_size, (batch, seq))
     resp = torch.zeros(batch, seq)
     resp[:, seq // 4 :] = 1

@@ -31,7 +31,7 @@ VLLM_SETTINGS = f"{TRAINER}/vllm/test_vllm_weight_sync.py::test_from_config_maps
 VLLM_KWARGS = f"{TRAINER}/vllm/test_vllm_weight_sync.py::test_from_config_passes_every_rollout_setting"
 SAMPLING = f"{SETTINGS}::test_sampling_parameters_of_training_and_validation"
 PHASE_TIMEOUTS = f"{SETTINGS}::test_each_phase_waits_as_long_as_its_timeout_setting"
-LOSS = f"{TRAINER}/test_loss.py::test_from_config_reads_the_actor_settings_and_the_response_budget"
+LOSS = f"{TRAINER}/test_loss.py::test_the_loss_reads_the_actor_settings_and_the_response_budget"
 LOG_PROBS = f"{TORCH}::test_log_probs_match_an_unpadded_forward_whatever_the_micro_batch"
 MICRO = f"{TORCH}::test_one_update_is_the_same_for_any_micro_batching"
 HF_EXPORT = "tests/test_checkpoint_hf_export.py"
@@ -364,6 +364,7 @@ READ: dict[str, tuple[str, ...]] = {
         "tests/test_tiny_train.py::test_a_phase_past_its_timeout_stops_train_with_the_ranks_stacks",
     ),
     "timeouts.weight_sync_s": (PHASE_TIMEOUTS,),
+    "timeouts.wake_sleep_s": (PHASE_TIMEOUTS,),
     "timeouts.checkpoint_s": (PHASE_TIMEOUTS,),
     "timeouts.collective_s": (
         f"{SETTINGS}::test_collective_timeout_is_the_setting_or_past_the_longest_phase",

@@ -174,6 +174,7 @@ def test_each_phase_waits_as_long_as_its_timeout_setting(preset, monkeypatch) ->
         "update_s": 104,
         "weight_sync_s": 105,
         "checkpoint_s": 106,
+        "wake_sleep_s": 107,
     }
     cfg = grpo_config.load(
         preset,
@@ -190,20 +191,20 @@ def test_each_phase_waits_as_long_as_its_timeout_setting(preset, monkeypatch) ->
     workers.sync_weights()
     workers.save(1, trainer_state={}, dataloader_state={})
     workers.load(Path("x"))
-    workers.export_hf(Path("x"), strict=True)
+    workers.export_checkpoint_hf(Path("x"))
     expected = {
         "ready": "setup_s",
         "rendezvous_address": "setup_s",
         "setup": "setup_s",
-        "rollout_wake": "weight_sync_s",
+        "rollout_wake": "wake_sleep_s",
         "generate": "generate_s",
-        "rollout_sleep": "weight_sync_s",
+        "rollout_sleep": "wake_sleep_s",
         "log_probs": "log_probs_s",
         "update": "update_s",
         "sync_weights": "weight_sync_s",
         "save_checkpoint": "checkpoint_s",
         "load_checkpoint": "checkpoint_s",
-        "export_hf": "checkpoint_s",
+        "export_checkpoint_hf": "checkpoint_s",
     }
     assert [call[0] for call in _RecordingGroup.calls] == list(expected)
     for method, setting, limit in _RecordingGroup.calls:

@@ -224,7 +224,7 @@ def test_one_update_with_images_trains_the_vision_tower_unless_frozen(tmp_path: 
             "data": {"max_response_length": 4, "train_batch_size": 1},
         }
     )
-    actor = Actor(cfg, TorchBackend(cfg, device=torch.device("cpu")))
+    actor = Actor.for_config(cfg, TorchBackend.for_config(cfg, device=torch.device("cpu")))
     response = processor.tokenizer("12", add_special_tokens=False)["input_ids"]
     batch = pad_rows([data[i].prompt_ids for i in range(4)], [response] * 4, pad_token_id=processor.tokenizer.pad_token_id)
     batch.vision = [pixel_inputs(processor.image_processor, data[i].images) for i in range(4)]

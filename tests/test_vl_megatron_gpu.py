@@ -99,7 +99,7 @@ def _actor(model_dir: Path, *, freeze: bool):
     from grpo_trainer.workers.actor import Actor
 
     cfg = _cfg(model_dir, freeze=freeze)
-    return Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_dir)))
+    return Actor.for_config(cfg, MegatronBackend.for_config(cfg, model_path=str(model_dir)))
 
 
 @pytest.fixture(scope="module")

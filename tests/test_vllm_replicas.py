@@ -111,7 +111,7 @@ def test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update
 ) -> None:
     """PolicyWorkers (the driver's facade `train()` uses) over 2 ranks: the replicas' greedy tokens
     equal an HF model's on the same weights, first the initial ones, then, after one policy update,
-    a weight sync and a sleep/wake, those of the HF export of the updated policy. With the Megatron
+    a weight sync and a sleep/wake, those of the saved step's HF export of the updated policy. With the Megatron
     actor at TP2 the sync gathers each tensor over both ranks into the TP2 replica's two shards."""
     import ray
     from transformers import AutoTokenizer
@@ -153,10 +153,11 @@ def test_replicas_generate_the_hf_greedy_tokens_before_and_after_a_synced_update
         batch.old_log_probs = workers.log_probs(batch, shards)
         workers.update(batch, shards, num_mini_batches=1, ppo_epochs=1)
         workers.sync_weights()
-        workers.export_hf(tmp_path / "updated", strict=True)
+        step_dir = workers.save(1, trainer_state={}, dataloader_state={})
+        workers.export_checkpoint_hf(step_dir)
 
         after = generate()
-        assert after == _hf_greedy(tmp_path / "updated", prompts, 8)
+        assert after == _hf_greedy(step_dir / "huggingface", prompts, 8)
         assert after != before  # the update moved the greedy answers: the sync reached every replica
     finally:
         workers.close()

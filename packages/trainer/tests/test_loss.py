@@ -8,7 +8,13 @@ import torch
 import grpo_config
 from grpo_trainer.algo import grpo_math
 from grpo_trainer.algo.loss import METRIC_NAMES, GRPOLoss, LossScale
+from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import PolicyBatch
+
+
+def _loss_from_config(cfg) -> GRPOLoss:
+    """The loss as the actor builds it from the config's sections."""
+    return GRPOLoss.for_actor(cfg.actor, response_budget=response_budget(cfg))
 
 
 def _micro(seed: int = 0, rows: int = 4, width: int = 7) -> tuple[PolicyBatch, torch.Tensor, torch.Tensor]:
@@ -124,20 +130,20 @@ def test_metrics_average_tokens_globally_and_losses_over_ranks() -> None:
     assert "kl" not in without_kl and "kl_loss" not in without_kl
 
 
-def test_from_config_reads_the_actor_settings_and_the_response_budget() -> None:
+def test_the_loss_reads_the_actor_settings_and_the_response_budget() -> None:
     cfg = grpo_config.load(
         {
             "actor": {"loss_agg_mode": "seq-mean-token-sum-norm", "entropy_coeff": 0.02, "use_kl_loss": False},
             "data": {"max_response_length": 300},
         }
     )
-    loss_fn = GRPOLoss.from_config(cfg)
+    loss_fn = _loss_from_config(cfg)
     assert (loss_fn.loss_agg_mode, loss_fn.entropy_coeff, loss_fn.kl_coef) == ("seq-mean-token-sum-norm", 0.02, None)
     assert loss_fn.loss_scale_factor == 300 and not loss_fn.uses_reference and loss_fn.entropy_requires_grad
-    assert GRPOLoss.from_config(grpo_config.load({"rollout": {"max_tokens": 64}})).loss_scale_factor == 64
+    assert _loss_from_config(grpo_config.load({"rollout": {"max_tokens": 64}})).loss_scale_factor == 64
     explicit = {"loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 1234.0}
-    assert GRPOLoss.from_config(grpo_config.load({"actor": explicit})).loss_scale_factor == 1234.0
-    clipped = GRPOLoss.from_config(
+    assert _loss_from_config(grpo_config.load({"actor": explicit})).loss_scale_factor == 1234.0
+    clipped = _loss_from_config(
         grpo_config.load(
             {
                 "actor": {
@@ -172,7 +178,7 @@ def test_the_policy_loss_mode_and_the_rollout_weights_reach_the_policy_term(loss
     cfg = grpo_config.load(
         {"actor": {"policy_loss": {"loss_mode": loss_mode}, "loss_agg_mode": "token-mean", "use_kl_loss": False}}
     )
-    loss_fn = GRPOLoss.from_config(cfg)
+    loss_fn = _loss_from_config(cfg)
     assert loss_fn.loss_mode == loss_mode
     micro, log_probs, entropy = _micro(seed=3)
     micro.rollout_is_weights = torch.rand(micro.response_mask.shape, generator=torch.Generator().manual_seed(1))

@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import grpo_trainer
+from grpo_config.schema import TrainerConfig
 
 SRC = Path(grpo_trainer.__file__).parent
 
@@ -60,3 +61,46 @@ def test_the_top_level_holds_at_most_18_modules_and_the_step_450_lines() -> None
     top = [p.name for p in SRC.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()]
     assert len(top) <= 18, sorted(top)
     assert len((SRC / "trainer.py").read_text().splitlines()) <= 450
+
+
+# Components built from the sections they read (`for_config` picks them from the root config once).
+SECTION_BUILT = (
+    "grpo_trainer.workers.actor:Actor",
+    "grpo_trainer.workers.rollout_memory:RolloutMemory",
+    "grpo_trainer.workers.rollout_memory:OffloadPlan",
+    "grpo_trainer.backends.torch_backend:TorchBackend",
+    "grpo_trainer.backends.megatron.backend:MegatronBackend",
+    "grpo_trainer.algo.loss:GRPOLoss",
+    "grpo_trainer.algo.lr_schedule:LRSchedule",
+    "grpo_trainer.rollout.hf_engine:HFRolloutEngine",
+    "grpo_trainer.rollout.vllm_engine:VLLMRolloutEngine",
+)
+
+
+def _root_config_parameters(cls: type) -> list[str]:
+    """Parameters of `cls`'s constructor typed with the root `TrainerConfig`."""
+    import inspect
+
+    return [
+        name
+        for name, param in inspect.signature(cls.__init__).parameters.items()
+        if "TrainerConfig" in str(param.annotation)
+    ]
+
+
+def test_components_are_built_from_their_own_config_sections() -> None:
+    import importlib
+
+    offenders = {}
+    for spec in SECTION_BUILT:
+        module, name = spec.split(":")
+        if found := _root_config_parameters(getattr(importlib.import_module(module), name)):
+            offenders[spec] = found
+    assert offenders == {}
+
+
+def test_the_section_check_sees_a_root_config_parameter() -> None:
+    class Takes:
+        def __init__(self, cfg: TrainerConfig, *, size: int) -> None: ...
+
+    assert _root_config_parameters(Takes) == ["cfg"]

@@ -365,7 +365,10 @@ class TimeoutsConfig:
     generate_s: float = 1800.0  # rollout generation, also validation
     log_probs_s: float = 900.0  # old and reference log-probs
     update_s: float = 1800.0  # the policy update of one step
-    weight_sync_s: float = 600.0  # policy -> rollout engine weights, rollout sleep / wake
+    weight_sync_s: float = 600.0  # policy -> rollout engine weights after an update
+    # rollout engine wake (with the weight sync first when it slept without one) and sleep, with the
+    # policy's offload / onload around them
+    wake_sleep_s: float = 600.0
     checkpoint_s: float = 1800.0  # save, load, HF export
     # torch.distributed collectives (verl's nccl_timeout); None -> the longest phase + 60 s, >= 600 s.
     collective_s: float | None = None

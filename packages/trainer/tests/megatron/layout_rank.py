@@ -1,5 +1,5 @@
 """One rank of a layout run (started by `cpu_ranks.run_ranks`): the Megatron backend as `train()`
-builds it (`MegatronBackend(cfg)` under `Actor`, from an HF checkpoint through Megatron-Bridge),
+builds it (`MegatronBackend.for_config(cfg)` under `Actor`, from an HF checkpoint through Megatron-Bridge),
 at the spec's parallel sizes, in float32 on the CPU over gloo. In order:
 1. the HF-named weights the backend pushes to a rollout engine (`named_weights`), compared on this
    rank with the reference run's (world size 1) when one is given;
@@ -233,8 +233,8 @@ def main(spec_path: str) -> None:
     from grpo_trainer.workers.actor import Actor
 
     cfg = layout_config(spec)
-    backend = MegatronBackend(cfg)
-    actor = Actor(cfg, backend)
+    backend = MegatronBackend.for_config(cfg)
+    actor = Actor.for_config(cfg, backend)
     result: dict[str, Any] = {
         "rank": rank,
         "dp_rank": backend.dp_rank,

@@ -70,7 +70,7 @@ def actor(request: pytest.FixtureRequest, model_path: Path):
     from grpo_trainer.workers.actor import Actor
 
     cfg = _cfg(model_path, grouped_experts=request.param)
-    built = Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_path)))
+    built = Actor.for_config(cfg, MegatronBackend.for_config(cfg, model_path=str(model_path)))
     yield built
     del built
     grpo_device.empty_cache()
@@ -171,7 +171,7 @@ def test_the_same_loss_as_the_torch_backend_on_the_same_weights_and_batch(
     rule = modeling_qwen3_5_moe.torch_chunk_gated_delta_rule
     monkeypatch.setattr(modeling_qwen3_5_moe, "torch_chunk_gated_delta_rule", inspect.unwrap(rule))
     cfg = _cfg(model_path, grouped_experts=False, backend="torch")
-    torch_actor = Actor(cfg, TorchBackend(cfg, device=grpo_device.current_device("cuda")))
+    torch_actor = Actor.for_config(cfg, TorchBackend.for_config(cfg, device=grpo_device.current_device("cuda")))
     batch = _batch(seed=2)
     batch.old_log_probs = torch_actor.log_probs(batch)["log_probs"]
     theirs = torch_actor.update_mini_batch(batch)
@@ -225,7 +225,7 @@ def test_checkpoint_round_trip_with_the_optimizer_on_the_cpu(model_path: Path, t
     base = _cfg(model_path, grouped_experts=True)
     megatron = replace(base.actor.megatron, optimizer_offload=True)
     cfg = replace(base, actor=replace(base.actor, megatron=megatron))
-    actor = Actor(cfg, MegatronBackend.from_config(cfg, model_path=str(model_path)))
+    actor = Actor.for_config(cfg, MegatronBackend.for_config(cfg, model_path=str(model_path)))
     assert any(
         getattr(sub.optimizer, "sub_optimizers", None) for sub in _sub_optimizers(actor)
     ), "optimizer_offload did not build a HybridDeviceOptimizer"
@@ -329,12 +329,14 @@ def test_rollout_memory_offloads_what_each_setting_names_and_turns_segments_off_
     import time
     from dataclasses import replace
 
+    from grpo_config.schema import DeviceConfig, TrainerConfig
     from grpo_device import DeviceKind
     from grpo_trainer.workers.rollout_memory import RolloutMemory
 
     cuda = DeviceKind.CUDA
-    assert actor.cfg.rollout.engine == "vllm" and actor.cfg.device.expandable_segments
-    RolloutMemory.start(actor.cfg, kind=cuda)
+    cfg = TrainerConfig(actor=actor.settings, device=DeviceConfig(kind="cuda"))  # what RolloutMemory reads
+    assert cfg.rollout.engine == "vllm" and cfg.device.expandable_segments
+    RolloutMemory.start(cfg.device.expandable_segments, kind=cuda)
     assert grpo_device.read_expandable_segments(cuda) is True
     batch = _batch(seed=4)
     before = actor.log_probs(batch)["log_probs"]
@@ -346,8 +348,10 @@ def test_rollout_memory_offloads_what_each_setting_names_and_turns_segments_off_
         ("optimizer_offload", {"optimizer_offload": True}),
         ("all three", {"param_offload": True, "grad_offload": True, "optimizer_offload": True}),
     ):
-        megatron = replace(actor.cfg.actor.megatron, **flags)
-        memory = RolloutMemory(replace(actor.cfg, actor=replace(actor.cfg.actor, megatron=megatron)), actor.backend, kind=cuda)
+        megatron = replace(actor.settings.megatron, **flags)
+        memory = RolloutMemory.for_config(
+            replace(cfg, actor=replace(actor.settings, megatron=megatron)), actor.backend, kind=cuda
+        )
         grpo_device.synchronize()
         held = grpo_device.memory_stats(cuda).allocated_bytes
         started = time.perf_counter()

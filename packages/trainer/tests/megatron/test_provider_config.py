@@ -277,7 +277,7 @@ def test_unknown_override_without_a_near_field() -> None:
 def test_optimizer_settings_follow_the_actor_and_offload_settings() -> None:
     """actor.lr / weight_decay / grad_clip / dtype, use_distributed_optimizer, optimizer_offload(
     _fraction) and override_optimizer_config become megatron-core OptimizerConfig fields."""
-    plain = optimizer_settings(_cfg(lr=2e-6, weight_decay=0.1, grad_clip=0.5), megatron=LOCAL)
+    plain = optimizer_settings(_cfg(lr=2e-6, weight_decay=0.1, grad_clip=0.5).actor)
     assert (plain["lr"], plain["min_lr"], plain["weight_decay"], plain["clip_grad"]) == (2e-6, 2e-6, 0.1, 0.5)
     assert plain["bf16"] and not plain["fp16"] and plain["use_distributed_optimizer"]
     assert not plain["optimizer_cpu_offload"] and plain["optimizer_offload_fraction"] == 0.0
@@ -287,9 +287,9 @@ def test_optimizer_settings_follow_the_actor_and_offload_settings() -> None:
         use_distributed_optimizer=False,
         override_optimizer_config={"overlap_cpu_optimizer_d2h_h2d": True},
     )
-    settings = optimizer_settings(_cfg(offloaded), megatron=offloaded)
+    settings = optimizer_settings(_cfg(offloaded).actor)
     assert settings["optimizer_cpu_offload"] and settings["optimizer_offload_fraction"] == 1.0
     assert settings["use_precision_aware_optimizer"] and not settings["use_distributed_optimizer"]
     assert settings["overlap_cpu_optimizer_d2h_h2d"] is True
     half = replace(LOCAL, optimizer_offload_fraction=0.5)
-    assert optimizer_settings(_cfg(half), megatron=half)["optimizer_offload_fraction"] == 0.5
+    assert optimizer_settings(_cfg(half).actor)["optimizer_offload_fraction"] == 0.5

@@ -39,7 +39,7 @@ def events(monkeypatch) -> list:
 
 def _rollout(overrides: list[str], events: list) -> list:
     cfg = grpo_config.load(None, overrides)
-    memory = RolloutMemory(cfg, Recording(events), kind=DeviceKind.CUDA)
+    memory = RolloutMemory.for_config(cfg, Recording(events), kind=DeviceKind.CUDA)
     memory.before_rollout()
     events.append(("generate",))
     memory.after_rollout()
@@ -58,7 +58,7 @@ def test_offload_then_segments_off_for_vllm_and_back_in_reverse(events) -> None:
 
 
 def test_each_offload_setting_moves_its_own_part(events) -> None:
-    assert OffloadPlan.for_config(grpo_config.load(None, [*MEGATRON, "actor.megatron.optimizer_offload=true"])) == (
+    assert OffloadPlan.for_actor(grpo_config.load(None, [*MEGATRON, "actor.megatron.optimizer_offload=true"]).actor) == (
         OffloadPlan(optimizer=True)
     )
     assert _rollout([*MEGATRON, "actor.megatron.param_offload=true", "device.expandable_segments=false"], events) == [
@@ -78,6 +78,6 @@ def test_nothing_moves_without_offload_settings_or_with_the_hf_engine(events) ->
 def test_the_run_starts_with_the_configured_allocator_mode() -> None:
     cfg = grpo_config.load(None, ["device.expandable_segments=true"])
     with capture_logs() as logs:
-        RolloutMemory.start(cfg, kind=DeviceKind.CPU)
+        RolloutMemory.start(cfg.device.expandable_segments, kind=DeviceKind.CPU)
     assert [e["event"] for e in logs] == ["expandable_segments_skipped", "rollout_memory.allocator"]
     assert logs[1]["expandable_segments"] is True and logs[1]["applied"] is False  # CPU: no such allocator

@@ -45,7 +45,7 @@ def _cfg(model_dir: Path, data: dict | None = None, **actor):
 
 def _actor(model_dir: Path, data: dict | None = None, **actor) -> Actor:
     cfg = _cfg(model_dir, data, **actor)
-    return Actor(cfg, TorchBackend(cfg, device=CPU))
+    return Actor.for_config(cfg, TorchBackend.for_config(cfg, device=CPU))
 
 
 def _batch(seed: int = 0, rows: int = 8) -> PolicyBatch:
@@ -209,9 +209,7 @@ def test_log_probs_match_an_unpadded_forward_whatever_the_micro_batch(tiny_model
     budget = len(micro_batches(batch, micro_batch_size=8, max_tokens=20))
     assert small_counts == [8] and dynamic_counts == [budget, budget] and 1 < budget < 8
     ref_rows = _actor(tiny_model_dir, log_prob_micro_batch_size_per_device=8, log_prob_use_dynamic_bsz=True)
-    ref_rows.cfg = grpo_config.load(
-        {**grpo_config.to_dict(ref_rows.cfg), "ref": {"log_prob_use_dynamic_bsz": False, "log_prob_micro_batch_size_per_device": 2}}
-    )
+    ref_rows.ref = dataclasses.replace(ref_rows.ref, log_prob_use_dynamic_bsz=False, log_prob_micro_batch_size_per_device=2)
     ref_counts = _count_micro_batches(ref_rows)
     ref_rows.log_probs(batch, ref=True)
     assert ref_counts == [4]  # the reference model's own setting: 8 rows in micro-batches of 2
@@ -281,7 +279,7 @@ def test_without_kl_no_reference_is_built_or_needed(tiny_model_dir) -> None:
 def test_kl_in_the_reward_alone_builds_the_reference_but_no_kl_loss(tiny_model_dir) -> None:
     cfg = _cfg(tiny_model_dir, use_kl_loss=False)
     cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, use_kl_in_reward=True))
-    actor = Actor(cfg, TorchBackend(cfg, device=CPU))
+    actor = Actor.for_config(cfg, TorchBackend.for_config(cfg, device=CPU))
     assert actor.backend.ref_module is not None and not actor.loss.uses_reference
     batch = _batch()
     ref = actor.log_probs(batch, ref=True)["log_probs"]
@@ -471,7 +469,7 @@ def test_the_reference_model_is_ref_model_path_in_ref_dtype(tiny_model_dir, tmp_
             "ref": {"model_path": str(tmp_path / "ref"), "dtype": "float32"},
         }
     )
-    actor = Actor(cfg, TorchBackend(cfg, device=CPU))
+    actor = Actor.for_config(cfg, TorchBackend.for_config(cfg, device=CPU))
     batch = _batch(seed=9)
     policy = actor.log_probs(batch)["log_probs"]
     ref = actor.log_probs(batch, ref=True)["log_probs"]
@@ -580,7 +578,7 @@ def test_packed_rows_with_gated_deltanet_are_refused_off_the_cpu(tiny_model_dir)
     start. The "meta" device stands in for a GPU here (none on this machine)."""
     cfg = _cfg(tiny_model_dir, use_remove_padding=True)
     with pytest.raises(ValueError, match="Gated DeltaNet layers on meta: how the device's kernels"):
-        TorchBackend(cfg, device=torch.device("meta"))
+        TorchBackend.for_config(cfg, device=torch.device("meta"))
 
 
 def test_adamw_is_torchs_fused_kernel_also_after_loading_another_runs_checkpoint(tiny_model_dir) -> None:

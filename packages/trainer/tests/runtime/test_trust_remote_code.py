@@ -57,7 +57,7 @@ def _backend(path: Path, *overrides: str) -> TorchBackend:
     cfg = grpo_config.load(
         None, [f"actor.model_path={path}", "actor.use_kl_loss=false", "rollout.engine=hf", *overrides]
     )
-    return TorchBackend(cfg, device=torch.device("cpu"))
+    return TorchBackend.for_config(cfg, device=torch.device("cpu"))
 
 
 def test_custom_code_loads_only_with_trust_remote_code(remote_model: Path) -> None:

@@ -7,8 +7,9 @@ import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
 
+from sync_check import reference_logprob_fn
+
 from grpo_trainer.protocols import RolloutEngine, SamplingParams
-from grpo_trainer.rollout.vllm_verify import reference_logprob_fn
 
 pytestmark = pytest.mark.vllm
 

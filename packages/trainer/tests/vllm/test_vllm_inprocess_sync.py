@@ -14,6 +14,8 @@ from structlog.testing import capture_logs
 
 pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
 
+from sync_check import verify_sync  # this folder's helper (conftest puts it on sys.path)
+
 from grpo_trainer.protocols import SamplingParams
 from grpo_trainer.rollout import vllm_engine as vllm_engine_module
 from grpo_trainer.workers.policy_worker import free_port
@@ -87,7 +89,7 @@ def test_in_process_engine_takes_the_tensors_directly_and_serves_them(inprocess_
     monkeypatch.setattr(vllm_engine_module, "write_bucket_file", _no_host_staging)
     monkeypatch.setattr(vllm_engine_module, "pack_bucket", _no_host_staging)
     before = engine.generate(prompts, GREEDY)
-    assert engine.verify_sync(model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+    assert verify_sync(engine, model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
     policy = _perturbed(model, seed=3)
     with capture_logs() as logs:
         engine.update_weights(policy.named_parameters())
@@ -98,12 +100,12 @@ def test_in_process_engine_takes_the_tensors_directly_and_serves_them(inprocess_
         assert not [e for e in logs if e["event"] == "vllm_engine.weights_not_synced"]
         after = engine.generate(prompts, GREEDY)
         assert [g.token_ids for g in after] != [g.token_ids for g in before]
-        report = engine.verify_sync(policy, prompt_token_ids=prompts[1], num_tokens=16)
+        report = verify_sync(engine, policy, prompt_token_ids=prompts[1], num_tokens=16)
         assert report.max_abs_diff < 1e-4, report
-        assert not engine.verify_sync(model, prompt_token_ids=prompts[1]).ok
+        assert not verify_sync(engine, model, prompt_token_ids=prompts[1]).ok
     finally:
         engine.update_weights(model.named_parameters())
-    assert engine.verify_sync(model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+    assert verify_sync(engine, model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
     assert [g.token_ids for g in engine.generate(prompts, GREEDY)] == [g.token_ids for g in before]
 
 

@@ -134,7 +134,7 @@ def test_a_worker_restores_dropped_weights_from_the_policy_before_it_generates()
     cfg = TrainerConfig(rollout=RolloutConfig(engine="vllm"))
     worker = PolicyWorker(cfg, rank=0, world_size=1, num_threads=1)
     worker.actor = SimpleNamespace(backend=Policy())
-    worker.memory = RolloutMemory(cfg, worker.actor.backend, kind=DeviceKind.CPU)
+    worker.memory = RolloutMemory.for_config(cfg, worker.actor.backend, kind=DeviceKind.CPU)
     worker.engine = _engine(level=2)
     calls = worker.engine.llm.calls
     worker.rollout_sleep()  # as setup() leaves the engine

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sync_check import SyncReport, reference_logprob_fn, tolerance_for
 from tiny_qwen3 import build_tiny_qwen3  # this folder's helper (conftest puts it on sys.path)
-
-from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
 
 
 def test_tolerance_follows_the_dtype():

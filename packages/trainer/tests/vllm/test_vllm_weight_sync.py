@@ -11,6 +11,8 @@ from structlog.testing import capture_logs
 
 pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
 
+from sync_check import verify_sync  # this folder's helper (conftest puts it on sys.path)
+
 from grpo_trainer.protocols import SamplingParams
 
 pytestmark = pytest.mark.vllm
@@ -31,7 +33,7 @@ def test_sync_changes_outputs_and_matches_the_policy(vllm_engine, tiny_qwen3, pr
     _, model, _ = tiny_qwen3
     policy = _perturbed(model, seed=1)
     before = vllm_engine.generate(prompts, GREEDY)
-    stale = vllm_engine.verify_sync(policy, prompt_token_ids=prompts[0])
+    stale = verify_sync(vllm_engine, policy, prompt_token_ids=prompts[0])
     assert not stale.ok and stale.max_abs_diff > 0.05
 
     with capture_logs() as logs:
@@ -46,17 +48,17 @@ def test_sync_changes_outputs_and_matches_the_policy(vllm_engine, tiny_qwen3, pr
 
         after = vllm_engine.generate(prompts, GREEDY)
         assert [g.token_ids for g in after] != [g.token_ids for g in before]
-        report = vllm_engine.verify_sync(policy, prompt_token_ids=prompts[0], num_tokens=16)
+        report = verify_sync(vllm_engine, policy, prompt_token_ids=prompts[0], num_tokens=16)
         assert report.ok and report.num_tokens == 16
         assert report.max_abs_diff < 1e-4, report
         # reference as HF-named tensors (a CPU copy of the architecture is built from them)
-        from_tensors = vllm_engine.verify_sync(dict(policy.state_dict()), prompt_token_ids=prompts[1])
+        from_tensors = verify_sync(vllm_engine, dict(policy.state_dict()), prompt_token_ids=prompts[1])
         assert from_tensors.ok, from_tensors
         # the original model no longer matches
-        assert not vllm_engine.verify_sync(model, prompt_token_ids=prompts[0]).ok
+        assert not verify_sync(vllm_engine, model, prompt_token_ids=prompts[0]).ok
     finally:
         vllm_engine.update_weights(model.named_parameters())
-    assert vllm_engine.verify_sync(model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+    assert verify_sync(vllm_engine, model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
     assert [g.token_ids for g in vllm_engine.generate(prompts, GREEDY)] == [g.token_ids for g in before]
 
 
@@ -69,11 +71,11 @@ def test_sync_through_the_rpc_message_when_there_is_no_shared_memory(vllm_engine
         with capture_logs() as logs:
             vllm_engine.update_weights(policy.named_parameters())
         assert [e["transport"] for e in logs if e["event"] == "vllm_engine.weights_synced"] == ["rpc"]
-        assert vllm_engine.verify_sync(policy, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+        assert verify_sync(vllm_engine, policy, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
     finally:
         vllm_engine.shm_dir = shm_dir
         vllm_engine.update_weights(model.named_parameters())
-    assert vllm_engine.verify_sync(model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+    assert verify_sync(vllm_engine, model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
 
 
 def test_partial_sync_keeps_other_weights_and_reports_them(vllm_engine, tiny_qwen3, prompts):
@@ -91,10 +93,10 @@ def test_partial_sync_keeps_other_weights_and_reports_them(vllm_engine, tiny_qwe
         # + embed_tokens + norm + lm_head = 19 parameters, all but lm_head missing.
         assert warned and warned[0]["count"] == 18
         assert "model.embed_tokens.weight" in warned[0]["names"]
-        assert vllm_engine.verify_sync(policy, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+        assert verify_sync(vllm_engine, policy, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
     finally:
         vllm_engine.update_weights(model.named_parameters())
-    assert vllm_engine.verify_sync(model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+    assert verify_sync(vllm_engine, model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
 
 
 def test_prefix_cache_does_not_serve_stale_kv_after_a_sync(vllm_engine, tiny_qwen3, prompts):
@@ -105,7 +107,7 @@ def test_prefix_cache_does_not_serve_stale_kv_after_a_sync(vllm_engine, tiny_qwe
     policy = _perturbed(model, seed=2)
     vllm_engine.update_weights(policy.named_parameters())
     try:
-        assert vllm_engine.verify_sync(policy, prompt_token_ids=long_prompt).max_abs_diff < 1e-4
+        assert verify_sync(vllm_engine, policy, prompt_token_ids=long_prompt).max_abs_diff < 1e-4
     finally:
         vllm_engine.update_weights(model.named_parameters())
 
@@ -114,7 +116,7 @@ def test_a_failed_sync_raises_and_leaves_the_engine_serving_the_old_weights(vllm
     _, model, _ = tiny_qwen3
     with pytest.raises(Exception, match=r"could not load \{'lm_head.weight': \(3, 3\)\}"):
         vllm_engine.update_weights([("lm_head.weight", torch.zeros(3, 3))])
-    assert vllm_engine.verify_sync(model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
+    assert verify_sync(vllm_engine, model, prompt_token_ids=prompts[0]).max_abs_diff < 1e-4
 
 
 def test_empty_sync_is_a_user_error(vllm_engine):

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_config.schema import TrainerConfig
+from grpo_config.schema import ActorConfig
 from grpo_trainer.algo import grpo_math
-from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import PolicyBatch
 
 # Averaged over the response tokens of the whole mini-batch.
@@ -89,8 +88,9 @@ class GRPOLoss:
         self.loss_scale_factor = float(loss_scale_factor)
 
     @classmethod
-    def from_config(cls, cfg: TrainerConfig) -> GRPOLoss:
-        actor = cfg.actor
+    def for_actor(cls, actor: ActorConfig, *, response_budget: int) -> GRPOLoss:
+        """`actor`'s loss settings; `response_budget` (the most tokens a response may have) is the
+        default `loss_scale_factor`."""
         return cls(
             clip_ratio_low=actor.clip_ratio_low,
             clip_ratio_high=actor.clip_ratio_high,
@@ -100,7 +100,7 @@ class GRPOLoss:
             entropy_coeff=actor.entropy_coeff,
             kl_coef=actor.kl_loss_coef if actor.use_kl_loss else None,
             kl_type=actor.kl_loss_type,
-            loss_scale_factor=actor.loss_scale_factor or response_budget(cfg),
+            loss_scale_factor=actor.loss_scale_factor or response_budget,
         )
 
     @property

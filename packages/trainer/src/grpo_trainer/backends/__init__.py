@@ -20,9 +20,9 @@ def make_backend(cfg: TrainerConfig, *, device: torch.device) -> PolicyBackend:
     if name == "torch":
         from grpo_trainer.backends.torch_backend import TorchBackend
 
-        return TorchBackend(cfg, device=device)
+        return TorchBackend.for_config(cfg, device=device)
     if name == "megatron":
         from grpo_trainer.backends.megatron import MegatronBackend
 
-        return MegatronBackend(cfg)  # on the accelerator this process was given (LOCAL_RANK)
+        return MegatronBackend.for_config(cfg)  # on the accelerator this process was given (LOCAL_RANK)
     raise ValueError(f"actor.backend={name!r} is unknown; use one of {list(BACKENDS)}")

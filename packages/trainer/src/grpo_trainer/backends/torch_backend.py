@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from grpo_config.schema import TrainerConfig
+from grpo_config.schema import ActorConfig, RefConfig, TrainerConfig
 from grpo_device import DeviceKind
 from grpo_trainer.backends.hf_model import (
     ENTROPY_CHUNK_ROWS,
@@ -47,21 +47,21 @@ def _rank() -> int:
 class TorchBackend:
     """Data-parallel policy on one device per process; every rank is a data-parallel rank."""
 
-    def __init__(self, cfg: TrainerConfig, *, device: torch.device) -> None:
-        self.cfg = cfg
+    def __init__(self, actor: ActorConfig, *, ref: RefConfig | None, device: torch.device) -> None:
+        """Reads the `actor` section, and `ref` when a reference model is built (None: none)."""
+        self.settings = actor
         self.device = device
         self.dp_size = _world_size()
         self.dp_rank = _rank()
-        actor = cfg.actor
-        ref_path = cfg.ref.model_path or actor.model_path
+        ref_path = (ref.model_path if ref else None) or actor.model_path
         self._packed = actor.use_remove_padding
-        self._ref_packed = actor.use_remove_padding if cfg.ref.use_remove_padding is None else cfg.ref.use_remove_padding
-        for path, packed in ((actor.model_path, self._packed), (ref_path, self._ref_packed and cfg.uses_reference_model)):
+        self._ref_packed = actor.use_remove_padding if ref is None or ref.use_remove_padding is None else ref.use_remove_padding
+        for path, packed in ((actor.model_path, self._packed), (ref_path, self._ref_packed and ref is not None)):
             if packed:  # before any weight is loaded
                 _check_packable(_model_config(path, actor.trust_remote_code), device)
         self.module = load_causal_lm(actor.model_path, device=device, trust_remote_code=actor.trust_remote_code)
         self.ref_module: torch.nn.Module | None = None
-        if cfg.uses_reference_model:
+        if ref is not None:
             self.ref_module = (
                 copy.deepcopy(self.module)
                 if ref_path == actor.model_path
@@ -84,8 +84,13 @@ class TorchBackend:
             self.module.parameters(), lr=actor.lr, weight_decay=actor.weight_decay, fused=_fused_adam(device)
         )
         self._dtype = actor.dtype
-        self._ref_dtype = cfg.ref.dtype or actor.dtype
+        self._ref_dtype = (ref.dtype if ref else None) or actor.dtype
         self._offloaded: tuple[bool, bool] | None = None
+
+    @classmethod
+    def for_config(cls, cfg: TrainerConfig, *, device: torch.device) -> TorchBackend:
+        """The sections of the root config this backend reads, picked once."""
+        return cls(cfg.actor, ref=cfg.ref if cfg.uses_reference_model else None, device=device)
 
     def data_parallel_sum(self, values: torch.Tensor) -> torch.Tensor:
         summed = values.to(device=self.device, dtype=torch.float64, copy=True)
@@ -113,7 +118,7 @@ class TorchBackend:
                 entropy_grad=entropy_grad,
                 vision={k: v.to(self.device) for k, v in join_rows(micro.vision).items()},
                 packed=packed,
-                entropy_chunk_rows=ENTROPY_CHUNK_ROWS if self.cfg.actor.entropy_from_logits_with_chunking else None,
+                entropy_chunk_rows=ENTROPY_CHUNK_ROWS if self.settings.entropy_from_logits_with_chunking else None,
             )
 
     @torch.no_grad()
@@ -166,7 +171,7 @@ class TorchBackend:
     def optimizer_step(self, *, lr: float) -> StepResult:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.actor.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.settings.grad_clip)
         stepped = bool(torch.isfinite(grad_norm))
         if stepped:
             self.optimizer.step()

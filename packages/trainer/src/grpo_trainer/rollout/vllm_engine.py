@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -30,7 +30,6 @@ import torch
 from grpo_ckpt.vision_language import into_language_model_layout
 from grpo_trainer.batching import response_budget
 from grpo_trainer.protocols import Generation, SamplingParams
-from grpo_trainer.rollout.vllm_verify import SyncReport, reference_logprob_fn, tolerance_for
 from grpo_trainer.rollout.vllm_weight_buckets import TensorMeta, iter_buckets, pack_bucket, write_bucket_file
 from grpo_trainer.vision import decoded_images, placeholder_ids
 
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger()
 
 WORKER_EXTENSION = "grpo_trainer.rollout.vllm_worker_ext.GRPOWorkerExtension"
-ReferenceLogprobs = Callable[[Sequence[int], Sequence[int]], Sequence[float]]
 SHM_DIR = Path("/dev/shm")
 Transport = Literal["direct", "shm", "rpc"]
 
@@ -389,34 +387,6 @@ class VLLMRolloutEngine:
         finally:
             bucket.discard()
 
-    def verify_sync(
-        self,
-        reference: ReferenceLogprobs | torch.nn.Module | Mapping[str, torch.Tensor],
-        *,
-        prompt_token_ids: Sequence[int],
-        num_tokens: int = 16,
-        dtype: torch.dtype | str | None = None,
-        tolerance: float | None = None,
-    ) -> SyncReport:
-        """Greedy-decode `num_tokens` from `prompt_token_ids` in the engine, then compare the
-        engine's log-probs of those tokens with the policy's. `reference` is a function
-        (prompt ids, response ids) -> log-probs, an HF causal LM, or HF-named tensors (loaded
-        into a CPU copy of `model_path`'s architecture). The tolerance defaults per dtype."""
-        if isinstance(reference, Mapping):
-            reference = _model_from_tensors(self.model_path, reference)
-        fn = reference_logprob_fn(reference) if isinstance(reference, torch.nn.Module) else reference
-        greedy = SamplingParams(n=1, temperature=0.0, max_tokens=num_tokens)
-        generation = self.generate([list(prompt_token_ids)], greedy)[0]
-        expected = torch.tensor(list(fn(prompt_token_ids, generation.token_ids)), dtype=torch.float64)
-        actual = torch.tensor(generation.logprobs, dtype=torch.float64)
-        if expected.shape != actual.shape:
-            raise ValueError(f"reference returned {expected.numel()} log-probs for {actual.numel()} tokens")
-        max_diff = float((expected - actual).abs().max()) if actual.numel() else 0.0
-        limit = tolerance if tolerance is not None else tolerance_for(dtype or self.dtype)
-        report = SyncReport(max_abs_diff=max_diff, tolerance=limit, num_tokens=actual.numel())
-        (log.info if report.ok else log.warning)("vllm_engine.sync_verified", **report.as_dict())
-        return report
-
     def sleep(self) -> None:
         """Release weights and KV cache (vLLM sleep mode, `sleep_level`) while the policy trains.
         Level 1 copies the weights to host memory and back on wake-up; level 2 discards them, for
@@ -550,25 +520,6 @@ def _to_generation(prompt_index: int, sample: Any) -> Generation:
     return Generation(
         prompt_index=prompt_index, token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason
     )
-
-
-def _model_from_tensors(model_path: str, tensors: Mapping[str, torch.Tensor]) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from grpo_trainer.backends.hf_kernels import use_torch_kernels_on_cpu
-
-    use_torch_kernels_on_cpu()
-    config = AutoConfig.from_pretrained(model_path)
-    first = next(iter(tensors.values()))
-    model = AutoModelForCausalLM.from_config(config, dtype=first.dtype)
-    missing, unexpected = model.load_state_dict(dict(tensors), strict=False)
-    if unexpected or [m for m in missing if not m.endswith("lm_head.weight")]:
-        raise ValueError(
-            f"reference tensors do not fit {model_path}: missing={missing} unexpected={unexpected}"
-        )
-    if missing:
-        model.tie_weights()
-    return model.eval()
 
 
 def _log_sleep_unsupported(engine: VLLMRolloutEngine, op: str) -> None:

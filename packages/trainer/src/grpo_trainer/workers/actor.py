@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from grpo_config.schema import TrainerConfig
+from grpo_config.schema import ActorConfig, RefConfig, TrainerConfig
 from grpo_trainer.algo.loss import GRPOLoss, LossScale
 from grpo_trainer.algo.lr_schedule import LRSchedule
 from grpo_trainer.batching import (
@@ -18,6 +18,7 @@ from grpo_trainer.batching import (
     micro_batches,
     mini_batch_rows,
     plan_micro_batches,
+    response_budget,
     row_lengths,
     scatter_rows,
     take_rows,
@@ -26,12 +27,34 @@ from grpo_trainer.protocols import PolicyBackend, PolicyBatch
 
 
 class Actor:
-    def __init__(self, cfg: TrainerConfig, backend: PolicyBackend) -> None:
-        self.cfg = cfg
+    """Reads the `actor` section, and the `ref` one when a reference model is built (None: none)."""
+
+    def __init__(
+        self,
+        actor: ActorConfig,
+        backend: PolicyBackend,
+        *,
+        ref: RefConfig | None,
+        shape: MicroBatchShape,
+        response_budget: int,
+    ) -> None:
+        self.settings = actor
+        self.ref = ref
         self.backend = backend
-        self.loss = GRPOLoss.from_config(cfg)
-        self.schedule = LRSchedule(lr=cfg.actor.lr, warmup_steps=cfg.actor.lr_warmup_steps)
-        self.shape = MicroBatchShape.for_config(cfg)
+        self.loss = GRPOLoss.for_actor(actor, response_budget=response_budget)
+        self.schedule = LRSchedule(lr=actor.lr, warmup_steps=actor.lr_warmup_steps)
+        self.shape = shape
+
+    @classmethod
+    def for_config(cls, cfg: TrainerConfig, backend: PolicyBackend) -> Actor:
+        """The sections of the root config this actor reads, picked once."""
+        return cls(
+            cfg.actor,
+            backend,
+            ref=cfg.ref if cfg.uses_reference_model else None,
+            shape=MicroBatchShape.for_config(cfg),
+            response_budget=response_budget(cfg),
+        )
 
     def _micro_batches(
         self, batch: PolicyBatch, *, size: int, max_tokens: int | None, packed: bool
@@ -55,14 +78,14 @@ class Actor:
     def _log_prob_setting(self, name: str, *, ref: bool) -> Any:
         """`ref.<name>` for the reference model when set (grpo_config.load fills it from the
         actor), else `actor.<name>`."""
-        own = getattr(self.cfg.ref, name) if ref else None
-        return own if own is not None else getattr(self.cfg.actor, name)
+        own = getattr(self.ref, name) if ref and self.ref is not None else None
+        return own if own is not None else getattr(self.settings, name)
 
     # -- log-probs --------------------------------------------------------------------------------
     def log_probs(self, batch: PolicyBatch, *, ref: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         """{"log_probs": [B, T]} (and "entropy") of `batch` under the policy or, with `ref`, the
         frozen reference, float32 on the CPU, in the batch's row order."""
-        if ref and not self.cfg.uses_reference_model:
+        if ref and self.ref is None:
             raise ValueError(
                 "no reference model: it is only built when actor.use_kl_loss or algorithm.use_kl_in_reward"
             )
@@ -105,7 +128,7 @@ class Actor:
             raise ValueError("an update needs the batch's advantages and old_log_probs")
         if self.loss.uses_reference and mini.ref_log_probs is None:
             raise ValueError("actor.use_kl_loss=true but the batch has no ref_log_probs")
-        actor = self.cfg.actor
+        actor = self.settings
         max_tokens = actor.ppo_max_token_len_per_device if actor.use_dynamic_bsz else None
         micros = [
             m.batch

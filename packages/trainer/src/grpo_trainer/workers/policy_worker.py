@@ -97,10 +97,10 @@ class PolicyWorker:
             )
         device = torch_device(kind, index=0)  # Ray exposes one accelerator per worker
         manual_seed_all(self.cfg.seed, kind=kind)  # same initial state on every rank
-        RolloutMemory.start(self.cfg, kind=kind)
+        RolloutMemory.start(self.cfg.device.expandable_segments, kind=kind)
         backend = make_backend(self.cfg, device=device)
-        self.actor = Actor(self.cfg, backend)
-        self.memory = RolloutMemory(self.cfg, backend, kind=kind)
+        self.actor = Actor.for_config(self.cfg, backend)
+        self.memory = RolloutMemory.for_config(self.cfg, backend, kind=kind)
         self.tokenizer = AutoTokenizer.from_pretrained(
             self.cfg.actor.model_path, trust_remote_code=self.cfg.actor.trust_remote_code
         )

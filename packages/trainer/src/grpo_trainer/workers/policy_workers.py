@@ -115,10 +115,10 @@ class PolicyWorkers:
 
     # -- rollout ----------------------------------------------------------------------------------
     def rollout_wake(self) -> None:
-        self._call("rollout_wake", "weight_sync_s")
+        self._call("rollout_wake", "wake_sleep_s")
 
     def rollout_sleep(self) -> None:
-        self._call("rollout_sleep", "weight_sync_s")
+        self._call("rollout_sleep", "wake_sleep_s")
 
     def generate(
         self,
@@ -192,11 +192,6 @@ class PolicyWorkers:
         """The HF export of a saved step under `<step_dir>/huggingface/`, recorded in its manifest
         (as a save with checkpoint.export_hf does)."""
         self._call("export_checkpoint_hf", "checkpoint_s", path=str(step_dir))
-
-    def export_hf(self, path: Path, *, strict: bool) -> dict[str, Any]:
-        """HF weights and tokenizer under `path`; the export report (expected vs written keys)."""
-        reports = self._call("export_hf", "checkpoint_s", path=str(path), strict=strict)
-        return next(r for r in reports if r is not None)
 
     def close(self) -> None:
         """Ask every rank to shut down (engines release shared and device memory), then kill the

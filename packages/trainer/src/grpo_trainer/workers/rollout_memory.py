@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import structlog
 
 import grpo_device
-from grpo_config.schema import TrainerConfig
+from grpo_config.schema import ActorConfig, TrainerConfig
 from grpo_device import DeviceKind
 from grpo_trainer.protocols import PolicyBackend
 
@@ -30,12 +30,12 @@ class OffloadPlan:
     optimizer: bool = False
 
     @classmethod
-    def for_config(cls, cfg: TrainerConfig) -> OffloadPlan:
+    def for_actor(cls, actor: ActorConfig) -> OffloadPlan:
         """The Megatron backend's offload settings (the torch backend has none: grpo_config refuses
         Megatron settings with it)."""
-        if cfg.actor.backend != "megatron":
+        if actor.backend != "megatron":
             return cls()
-        m = cfg.actor.megatron
+        m = actor.megatron
         return cls(weights=m.param_offload, grads=m.grad_offload, optimizer=m.optimizer_offload)
 
     @property
@@ -44,21 +44,44 @@ class OffloadPlan:
 
 
 class RolloutMemory:
-    def __init__(self, cfg: TrainerConfig, backend: PolicyBackend, *, kind: DeviceKind) -> None:
+    """`plan`: what leaves the device; `expandable_segments` (`device.expandable_segments`) are
+    turned off around the rollout when `engine_maps_memory` (vLLM's sleep-mode allocator)."""
+
+    def __init__(
+        self,
+        backend: PolicyBackend,
+        *,
+        kind: DeviceKind,
+        plan: OffloadPlan,
+        expandable_segments: bool,
+        engine_maps_memory: bool,
+    ) -> None:
         self.backend = backend
         self.kind = kind
-        self.plan = OffloadPlan.for_config(cfg)
-        self.expandable = cfg.device.expandable_segments
-        self.toggle = self.expandable and cfg.rollout.engine == "vllm"
+        self.plan = plan
+        self.expandable = expandable_segments
+        self.toggle = expandable_segments and engine_maps_memory
+
+    @classmethod
+    def for_config(cls, cfg: TrainerConfig, backend: PolicyBackend, *, kind: DeviceKind) -> RolloutMemory:
+        """The sections of the root config this reads (actor, device, rollout), picked once."""
+        return cls(
+            backend,
+            kind=kind,
+            plan=OffloadPlan.for_actor(cfg.actor),
+            expandable_segments=cfg.device.expandable_segments,
+            engine_maps_memory=cfg.rollout.engine == "vllm",
+        )
 
     @staticmethod
-    def start(cfg: TrainerConfig, *, kind: DeviceKind) -> None:
-        """The allocator mode for the whole run, before the first large allocation."""
-        applied = grpo_device.set_expandable_segments(cfg.device.expandable_segments, kind=kind)
+    def start(expandable_segments: bool, *, kind: DeviceKind) -> None:
+        """The allocator mode for the whole run (`device.expandable_segments`), before the first
+        large allocation."""
+        applied = grpo_device.set_expandable_segments(expandable_segments, kind=kind)
         log.info(
             "rollout_memory.allocator",
             device=kind.value,
-            expandable_segments=cfg.device.expandable_segments,
+            expandable_segments=expandable_segments,
             applied=applied,
             read_back=grpo_device.read_expandable_segments(kind),
         )

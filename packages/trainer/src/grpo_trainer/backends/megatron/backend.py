@@ -15,7 +15,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from grpo_config.schema import TrainerConfig
+from grpo_config.schema import ActorConfig, TrainerConfig
 from grpo_device import DeviceKind
 from grpo_trainer.backends.megatron import offload
 from grpo_trainer.backends.megatron.build import (
@@ -48,41 +48,47 @@ class MegatronBackend:
 
     def __init__(
         self,
-        cfg: TrainerConfig,
+        actor: ActorConfig,
         *,
-        policy: BuiltPolicy | None = None,
-        ref: BuiltPolicy | None = None,
+        policy: BuiltPolicy,
+        ref: BuiltPolicy | None,
+        park_ref: bool,
+        kind: DeviceKind,
     ) -> None:
-        """Builds the policy (and the reference model for a KL loss or KL in the reward) from
-        `cfg.actor.model_path` unless given. `device` is accepted for `make_backend`; the device is
-        the accelerator this process was given (LOCAL_RANK)."""
-        kind = resolve_device_kind(cfg)
+        """Reads the `actor` section (optimizer, offload); `policy` and `ref` are built
+        (`for_config`); `park_ref` (`ref.megatron.param_offload`) keeps the reference weights on
+        the CPU but for its log-probs. The device is the accelerator this process was given
+        (LOCAL_RANK)."""
         import_megatron_stack(kind)  # MindSpeed's adaptor first on NPU, before any megatron import
         from megatron.core import parallel_state
 
-        if policy is None:
-            if not cfg.actor.model_path:
-                raise ValueError("actor.model_path is empty: set it to an HF checkpoint directory")
-            policy, ref = _build_models(cfg, model_path=cfg.actor.model_path, kind=kind)
-        self.cfg = cfg
+        self.settings = actor
         self.policy = policy
         self.ref = ref
         self.model = policy.model
-        self.optimizer = build_optimizer(cfg, self.model, megatron=cfg.actor.megatron)
+        self.optimizer = build_optimizer(actor, self.model)
         wire_model_config(self.model, self.optimizer)
         self._mpu = parallel_state
         self.device = megatron_device(kind)
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self._offloaded: offload.Offloaded | None = None
-        # ref.megatron.param_offload: the reference weights live on the CPU but for its log-probs.
-        self._park_ref = ref is not None and bool(cfg.ref.megatron and cfg.ref.megatron.param_offload)
+        self._park_ref = ref is not None and park_ref
         self._parked_ref = offload.offload([ref.model], None, grads=False) if self._park_ref and ref else None
 
     @classmethod
-    def from_config(cls, cfg: TrainerConfig, *, model_path: str) -> MegatronBackend:
-        policy, ref = _build_models(cfg, model_path=model_path, kind=resolve_device_kind(cfg))
-        return cls(cfg, policy=policy, ref=ref)
+    def for_config(cls, cfg: TrainerConfig, *, model_path: str | None = None) -> MegatronBackend:
+        """The policy (and the reference model for a KL loss or KL in the reward) built from
+        `model_path` (default `actor.model_path`) with the sections that shape them (actor, ref,
+        parallel, data lengths, seed, device)."""
+        path = model_path or cfg.actor.model_path
+        if not path:
+            raise ValueError("actor.model_path is empty: set it to an HF checkpoint directory")
+        kind = resolve_device_kind(cfg)
+        import_megatron_stack(kind)  # MindSpeed's adaptor first on NPU, before any megatron import
+        policy, ref = _build_models(cfg, model_path=path, kind=kind)
+        park_ref = bool(cfg.ref.megatron and cfg.ref.megatron.param_offload)
+        return cls(cfg.actor, policy=policy, ref=ref, park_ref=park_ref, kind=kind)
 
     def data_parallel_sum(self, values: torch.Tensor) -> torch.Tensor:
         summed = values.to(device=self.device, dtype=torch.float64, copy=True)
@@ -279,7 +285,7 @@ class MegatronBackend:
     def offload(self, *, weights: bool, grads: bool, optimizer: bool) -> None:
         if self._offloaded is None:
             # An optimizer offloaded by Megatron itself already keeps its state on the CPU.
-            on_cpu = self.cfg.actor.megatron.optimizer_offload_fraction > 0 or self.cfg.actor.megatron.optimizer_offload
+            on_cpu = self.settings.megatron.optimizer_offload_fraction > 0 or self.settings.megatron.optimizer_offload
             moved_optimizer = self.optimizer if optimizer and not on_cpu else None
             self._offloaded = offload.offload([self.model], moved_optimizer, weights=weights, grads=grads)
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import grpo_device
-from grpo_config.schema import MegatronConfig, TrainerConfig
+from grpo_config.schema import ActorConfig, MegatronConfig, TrainerConfig
 from grpo_device import DeviceKind
 from grpo_trainer.backends.megatron.imports import (
     import_auto_bridge,
@@ -244,13 +244,14 @@ def add_vision_tower(provider: Any, model_path: str, *, trainable: bool) -> Any:
     return vision_language
 
 
-def build_optimizer(cfg: TrainerConfig, model: list[torch.nn.Module], *, megatron: MegatronConfig) -> Any:
+def build_optimizer(actor: ActorConfig, model: list[torch.nn.Module]) -> Any:
     """Megatron Adam (distributed over data parallel ranks when configured), optionally with part
     or all of its state and update on the CPU."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    settings = optimizer_settings(cfg, megatron=megatron)
-    settings["params_dtype"] = _DTYPES[cfg.actor.dtype]
+    megatron = actor.megatron
+    settings = optimizer_settings(actor)
+    settings["params_dtype"] = _DTYPES[actor.dtype]
     valid = {f.name for f in dataclasses.fields(OptimizerConfig)}
     validate_overrides(megatron.override_optimizer_config, valid, setting="override_optimizer_config")
     optimizer = get_megatron_optimizer(OptimizerConfig(**settings), model)

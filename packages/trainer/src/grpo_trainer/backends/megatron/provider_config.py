@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from grpo_config.schema import MegatronConfig, ParallelConfig, TrainerConfig
+from grpo_config.schema import ActorConfig, MegatronConfig, ParallelConfig, TrainerConfig
 
 log = structlog.get_logger()
 
@@ -231,21 +231,22 @@ def _two_stage_interleaved(parallel: ParallelConfig) -> bool:
     return parallel.pp == 2 and (parallel.vpp or 1) > 1
 
 
-def optimizer_settings(cfg: TrainerConfig, *, megatron: MegatronConfig) -> dict[str, Any]:
+def optimizer_settings(actor: ActorConfig) -> dict[str, Any]:
     """megatron-core `OptimizerConfig` fields (but `params_dtype`) for the actor: Adam with grpo's
     settings, the offload ones, then `override_optimizer_config` (grpo_config refuses overrides of
     the fields grpo sets; the Megatron part checks the rest against OptimizerConfig)."""
+    megatron = actor.megatron
     offload_fraction = megatron.optimizer_offload_fraction or (1.0 if megatron.optimizer_offload else 0.0)
     return {
         "optimizer": "adam",
-        "lr": cfg.actor.lr,
-        "min_lr": cfg.actor.lr,
-        "weight_decay": cfg.actor.weight_decay,
+        "lr": actor.lr,
+        "min_lr": actor.lr,
+        "weight_decay": actor.weight_decay,
         "adam_beta1": 0.9,
         "adam_beta2": 0.999,
-        "clip_grad": cfg.actor.grad_clip,
-        "bf16": cfg.actor.dtype == "bfloat16",
-        "fp16": cfg.actor.dtype == "float16",
+        "clip_grad": actor.grad_clip,
+        "bf16": actor.dtype == "bfloat16",
+        "fp16": actor.dtype == "float16",
         "use_distributed_optimizer": megatron.use_distributed_optimizer,
         "optimizer_cpu_offload": offload_fraction > 0,
         "optimizer_offload_fraction": offload_fraction,
