@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 import grpo_config
-from grpo_launch.cost_model import DEVICES, GB, SYNC_GBS_PER_PROCESS, update_mfu
+from grpo_launch.cost_model import (
+    DECODE_HBM_EFFICIENCY,
+    DEVICES,
+    GB,
+    PREFILL_MFU,
+    RESPONSE_FILL,
+    SYNC_GBS_PER_PROCESS,
+    update_mfu,
+)
 from grpo_launch.layout_planner import Family, Heads, Layout, apply, current_layout, estimate, layouts
 from grpo_launch.memory_plan import ModelCounts
 
@@ -110,9 +118,9 @@ def test_one_estimate_recomputed_by_hand() -> None:
     dp_bytes = 6 * (dense_per_rank * (3 / 4) + experts_per_rank * (expert_dp - 1) / expert_dp)
     assert got["optimizer"] == pytest.approx(1 * dp_bytes / (spec.inter_node_gbs * GB), rel=1e-12)
     total_bytes = counts.total * 2
-    decode = total_bytes / 8 / (spec.hbm_gbs * GB * 0.5)
-    prefill = 2 * active * rows * 1024 / (world * spec.peak_tflops * 1e12 * 0.3)
-    assert got["rollout"] == pytest.approx(2048 * 0.5 * decode + prefill, rel=1e-12)
+    decode = total_bytes / 8 / (spec.hbm_gbs * GB * DECODE_HBM_EFFICIENCY)
+    prefill = 2 * active * rows * 1024 / (world * spec.peak_tflops * 1e12 * PREFILL_MFU)
+    assert got["rollout"] == pytest.approx(2048 * RESPONSE_FILL * decode + prefill, rel=1e-12)
     assert got["weight_sync"] == pytest.approx(total_bytes / (world * SYNC_GBS_PER_PROCESS * GB), rel=1e-12)
 
 

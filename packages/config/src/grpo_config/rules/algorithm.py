@@ -1,21 +1,43 @@
-"""The `algorithm` section and the actor's policy loss: combinations verl refuses or that learn nothing."""
+"""The `algorithm` section: ranges, combinations verl refuses or that learn nothing."""
 
 from __future__ import annotations
 
-import importlib.util
-
 from grpo_config.rejection import parse_is_threshold, parse_rejection
-from grpo_config.rules.common import LOG_PROB_SETTINGS, changed_fields
+from grpo_config.rules.common import (
+    LOG_PROB_SETTINGS,
+    NotYet,
+    Range,
+    changed_fields,
+    not_yet_problems,
+    range_problems,
+)
 from grpo_config.schema import (
     ActorConfig,
     TrainerConfig,
 )
 
+RANGES: tuple[Range, ...] = (
+    ("algorithm.adv_eps", lambda v: v > 0, "> 0 (added to the group's standard deviation), e.g. 1e-6"),
+    ("algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, ">= 0"),
+    ("algorithm.kl_ctrl.horizon", lambda v: v >= 1, ">= 1 sequences"),
+    ("algorithm.kl_ctrl.target_kl", lambda v: v > 0, "> 0"),
+)
+
+NOT_YET: tuple[NotYet, ...] = (
+    (
+        "algorithm.kl_penalty",
+        "full",
+        "the full KL needs both models' whole vocabulary distributions at every token, which neither "
+        "grpo nor verl keeps; use kl (k1, verl's default here), low_var_kl (k3), mse (k2) or abs",
+    ),
+)
+
 
 def algorithm_problems(cfg: TrainerConfig) -> list[str]:
-    """Settings of one algorithm set while that algorithm is off (accepted and ignored otherwise),
-    and combinations with no defined meaning."""
-    algorithm, problems = cfg.algorithm, []
+    """Ranges; settings of one algorithm set while that algorithm is off (accepted and ignored
+    otherwise), and combinations with no defined meaning."""
+    algorithm = cfg.algorithm
+    problems = range_problems(cfg, RANGES) + not_yet_problems(cfg, NOT_YET)
     if algorithm.use_kl_in_reward and algorithm.kl_penalty.endswith("+"):
         problems.append(
             f"algorithm.kl_penalty={algorithm.kl_penalty}: a '+' estimator differs from its base only in the "
@@ -58,36 +80,6 @@ def algorithm_problems(cfg: TrainerConfig) -> list[str]:
             parse_rejection(correction.rollout_rs, correction.rollout_rs_threshold)
         except ValueError as exc:
             problems.append(f"algorithm.rollout_correction: {exc}.")
-    buffer = cfg.reward.overlong_buffer
-    if buffer.enable and buffer.max_response_length is not None:
-        if not 1 <= buffer.len <= buffer.max_response_length:
-            problems.append(
-                f"reward.overlong_buffer.len={buffer.len} must be between 1 and reward.overlong_buffer."
-                f"max_response_length={buffer.max_response_length} (verl's max_resp_len): the penalty ramps over "
-                "the last len tokens before it."
-            )
-    elif buffer.enable and not 1 <= buffer.len <= (cfg.rollout.max_tokens or cfg.data.max_response_length):
-        budget = cfg.rollout.max_tokens or cfg.data.max_response_length
-        problems.append(
-            f"reward.overlong_buffer.len={buffer.len} must be between 1 and the response budget {budget} "
-            "(rollout.max_tokens, else data.max_response_length): the penalty ramps over the last len tokens."
-        )
-    if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
-        problems.append(
-            "logging.wandb=true (trainer.logger 'wandb') needs the wandb package, which is not installed here: "
-            "`pip install wandb` (or `pip install grpo-trainer[wandb]`), or drop 'wandb' from trainer.logger."
-        )
-    return problems + policy_loss_problems(cfg)
-
-
-def policy_loss_problems(cfg: TrainerConfig) -> list[str]:
-    actor, problems = cfg.actor, []
-    mode = actor.policy_loss.loss_mode
-    if mode != "cispo" and actor.clip_ratio_low > 1:
-        problems.append(
-            f"actor.clip_ratio_low={actor.clip_ratio_low} makes the ratio's lower clip bound 1 - low negative; "
-            "only actor.policy_loss.loss_mode=cispo takes a large low (no lower bound). Use a value <= 1."
-        )
     return problems
 
 

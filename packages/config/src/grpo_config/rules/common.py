@@ -1,8 +1,10 @@
-"""Helpers the rule modules share: a setting by its dotted key, the fields of a section that differ."""
+"""Helpers the rule modules share: a setting by its dotted key, the fields of a section that differ,
+the range and not-yet tables each section keeps."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from grpo_config.schema import (
@@ -39,3 +41,28 @@ LOG_PROB_SETTINGS = (
     "log_prob_use_dynamic_bsz",
     "log_prob_max_token_len_per_device",
 )
+
+
+# A range: (dotted key, test of the value, what the value must be), checked on the resolved config.
+Range = tuple[str, Callable[[Any], bool], str]
+# A value grpo cannot honour yet: (dotted key, the value, why and what to do instead).
+NotYet = tuple[str, Any, str]
+
+
+def range_problems(cfg: TrainerConfig, ranges: tuple[Range, ...]) -> list[str]:
+    problems = []
+    for key, ok, expected in ranges:
+        value = setting_at(cfg, key)
+        if not_finite(value) or not ok(value):
+            problems.append(f"{key}={value} is out of range: it must be {expected}.")
+    return problems
+
+
+def not_yet_problems(cfg: TrainerConfig, refused: tuple[NotYet, ...]) -> list[str]:
+    """A `ref.` key that holds the refused value because the actor's does is named once, there."""
+    problems = []
+    for key, value, why in refused:
+        inherited = key.startswith("ref.") and setting_at(cfg, "actor." + key[4:]) == value
+        if setting_at(cfg, key) == value and not inherited:
+            problems.append(f"{key}={value} cannot be honoured: {why}.")
+    return problems

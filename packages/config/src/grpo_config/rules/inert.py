@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from grpo_config.rules.common import changed_fields
-from grpo_config.rules.values import VLLM_ONLY
+from grpo_config.rules.rollout import VLLM_ONLY
 from grpo_config.schema import (
     ActorConfig,
     AlgorithmConfig,

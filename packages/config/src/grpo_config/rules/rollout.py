@@ -1,10 +1,75 @@
-"""`rollout.mode=one_step_off`: rollout workers of their own, and what they need."""
+"""The `rollout` section: ranges, the engine's own arguments, settings only vLLM reads, and
+`rollout.mode=one_step_off` (rollout workers of their own, and what they need)."""
 
 from __future__ import annotations
 
+from grpo_config.rules.common import Range, range_problems
 from grpo_config.schema import (
     TrainerConfig,
 )
+
+RANGES: tuple[Range, ...] = (
+    ("rollout.temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
+    ("rollout.val_temperature", lambda v: v >= 0, ">= 0 (0 is greedy)"),
+    ("rollout.top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("rollout.top_k", lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"),
+    ("rollout.val_top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("rollout.val_top_k", lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"),
+    ("rollout.max_tokens", lambda v: v is None or v >= 1, ">= 1 or null (data.max_response_length)"),
+    ("rollout.gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1], e.g. 0.6"),
+    ("rollout.max_model_len", lambda v: v is None or v >= 1, ">= 1 or null"),
+    ("rollout.max_num_batched_tokens", lambda v: v >= 1, ">= 1"),
+    ("rollout.weight_sync_bucket_mb", lambda v: v >= 1, ">= 1 MB"),
+    ("rollout.val_n", lambda v: v >= 1, ">= 1"),
+)
+
+# vllm.LLM arguments that grpo sets from its own settings.
+ENGINE_SETTINGS: dict[str, str] = {
+    "model": "actor.model_path",
+    "dtype": "rollout.dtype",
+    "tensor_parallel_size": "rollout.tensor_parallel_size",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "enforce_eager": "rollout.enforce_eager",
+    "max_model_len": "rollout.max_model_len",
+    "max_num_batched_tokens": "rollout.max_num_batched_tokens",
+    "enable_sleep_mode": "rollout.free_cache_engine",
+    "seed": "seed",
+    "trust_remote_code": "actor.trust_remote_code",
+    "distributed_executor_backend": "rollout.tensor_parallel_size (replicas over the training ranks)",
+}
+
+# Settings read by the vLLM engine only: set to anything but the default with the hf engine, they
+# would be accepted and ignored (listed as inert, rules/inert.py).
+VLLM_ONLY = (
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "free_cache_engine",
+    "weight_sync_bucket_mb",
+)
+
+
+def rollout_problems(cfg: TrainerConfig) -> list[str]:
+    return range_problems(cfg, RANGES) + engine_kwargs_problems(cfg) + one_step_off_problems(cfg)
+
+
+def engine_kwargs_problems(cfg: TrainerConfig) -> list[str]:
+    """`rollout.engine_kwargs` are vllm.LLM's own arguments, never one grpo sets itself."""
+    problems: list[str] = []
+    engine_kwargs = cfg.rollout.engine_kwargs
+    if engine_kwargs and cfg.rollout.engine != "vllm":
+        problems.append(
+            f"rollout.engine_kwargs={engine_kwargs} are vllm.LLM arguments; rollout.engine="
+            f"{cfg.rollout.engine} takes none. Remove them or set rollout.engine=vllm."
+        )
+    problems += [
+        f"rollout.engine_kwargs.{name} is set by grpo from {ours}: set {ours} instead."
+        for name in engine_kwargs
+        if (ours := ENGINE_SETTINGS.get(name))
+    ]
+    return problems
 
 
 def one_step_off_problems(cfg: TrainerConfig) -> list[str]:

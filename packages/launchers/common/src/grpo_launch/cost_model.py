@@ -47,22 +47,23 @@ DEVICES: dict[str, DeviceSpec] = {
 UPDATE_MFU = ((2048, 0.307), (4096, 0.407))
 # The log-prob passes (forward only, no recompute) run at the same MFU (assumed).
 # Decode reads every weight of its shard once per generated token (a large batch hits all experts),
-# at this share of HBM bandwidth (assumed; vLLM's decode is bandwidth-bound at these batch sizes;
-# bench/gpu_rollout_decode.py measures it and PREFILL_MFU when a GPU is lent).
-DECODE_HBM_EFFICIENCY = 0.5
+# at this share of HBM bandwidth (measured: H100, vLLM 0.26 compiled engine, Qwen3.5-35B-A3B's
+# shape at 24 layers, 256 sequences: 0.563, where every routed expert is touched;
+# docs/benchmarks.md "Cost-model constants").
+DECODE_HBM_EFFICIENCY = 0.56
 # Mean generated length as a share of the response budget (assumed: geo3k responses of the seeds'
 # budget; the run's own `response_length/mean` replaces it).
 RESPONSE_FILL = 0.5
-# Prefill runs at this MFU (assumed).
-PREFILL_MFU = 0.3
-# Weight sync, GB/s per trainer process (measured: H200, 4 of the 35B's layers through /dev/shm
-# buckets, 1.16-1.31 GB/s; docs/benchmarks.md "Weight sync"). Processes sync their shards at once.
-SYNC_GBS_PER_PROCESS = 1.2
-# CPU Adam (optimizer_offload), parameters per second per device's share of host cores (assumed:
-# megatron-core's fused CPU AdamW ran 1.5-1.6e9 params/s on one vCPU of the development machine,
-# memory-bound, docs/benchmarks.md "Cost-model constants"; a GPU host's 8 ranks share its memory
-# bandwidth, so less is taken until bench/gpu_rollout_decode.py measures a GPU host).
-CPU_ADAM_PARAMS_PER_S = 1.0e9
+# Prefill MFU (measured: same engine, 64 prompts of 1024 tokens, 0.308).
+PREFILL_MFU = 0.31
+# Weight sync, GB/s per trainer process (measured: H100, the colocated engine's in-process
+# `direct` transport, 16 of the 35B's layers, 28.95 GB in 0.276 s, 105 GB/s; the /dev/shm buckets
+# an engine in another process reads run at 1.2 GB/s). Processes sync their shards at once.
+SYNC_GBS_PER_PROCESS = 105.0
+# CPU Adam (optimizer_offload), parameters per second per device's share of host cores (measured:
+# megatron-core's fused CPU AdamW on the lent H100's 16-core host: 4.14e9 at 16 threads, 2.46e9 at
+# 8; the 8-thread figure is taken, as the ranks of an 8-GPU host share its memory bandwidth).
+CPU_ADAM_PARAMS_PER_S = 2.5e9
 
 
 def update_mfu(hidden: int) -> float:
