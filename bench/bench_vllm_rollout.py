@@ -18,13 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 # The tiny random Qwen3 builder is test code: it lives with the vLLM tests.
-VLLM_TESTS = Path(__file__).resolve().parents[1] / "packages" / "trainer" / "tests" / "vllm"
 
 
 def main() -> None:
@@ -49,10 +47,9 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from grpo_tiny.hf_models import build_tiny_qwen3
     from grpo_trainer.protocols import SamplingParams
     from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
-    sys.path.insert(0, str(VLLM_TESTS))
-    from tiny_qwen3 import build_tiny_qwen3
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_vllm_"))
     if args.model_path:

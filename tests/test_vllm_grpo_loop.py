@@ -8,12 +8,8 @@ tokenizer and settings and swaps in a dense tiny Qwen3 on the same tokenizer."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/trainer/tests/vllm"))  # tiny_qwen3
 
 pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
 
@@ -23,10 +19,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def _preset_on_tiny_qwen3(tmp_path) -> tuple[dict, list[str]]:
     """The tiny preset with its model swapped for a dense tiny Qwen3 on the same tokenizer, and the
     overrides of a short vLLM run (one rank, no validation, no checkpoint until the end)."""
-    from tiny_qwen3 import build_tiny_qwen3  # grpo_trainer's vLLM tests' helper (on sys.path above)
     from transformers import AutoTokenizer
 
     from grpo_launch import tiny_preset
+    from grpo_tiny.hf_models import build_tiny_qwen3
 
     preset = tiny_preset(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(preset["actor"]["model_path"])

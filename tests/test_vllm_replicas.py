@@ -8,12 +8,9 @@ head dims vLLM's CPU kernels refuse), on the tiny preset's tokenizer and task.""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/trainer/tests/vllm"))  # tiny_qwen3
 import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed: run the tests with `hatch run test`")
@@ -24,11 +21,11 @@ PROMPTS = ["the quick brown fox 3", "jumps over the lazy dog 9", "fox 12 jumps",
 
 
 def _config(tmp_path: Path, *overrides: str):
-    from tiny_qwen3 import build_tiny_qwen3  # grpo_trainer's vLLM tests' helper (on sys.path above)
     from transformers import AutoTokenizer
 
     import grpo_config
     from grpo_launch import tiny_preset
+    from grpo_tiny.hf_models import build_tiny_qwen3
 
     preset = tiny_preset(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(preset["actor"]["model_path"])

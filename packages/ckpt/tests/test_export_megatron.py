@@ -53,19 +53,16 @@ def megatron_world(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def _save_tiny_hf(directory: Path, *, moe: bool) -> Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from grpo_tiny import hf_models  # the repository's test models (grpo-tiny, the test extra)
 
-    shape = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, max_position_embeddings=128, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    if moe:
-        config = Qwen3MoeConfig(**shape, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
-                                num_experts_per_tok=2)
-        model = Qwen3MoeForCausalLM(config)
-    else:
-        model = Qwen3ForCausalLM(Qwen3Config(**shape, intermediate_size=128))
-    model.to(torch.bfloat16).save_pretrained(directory)
-    return directory
+    shape = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, max_position_embeddings=128)  # fmt: skip
+    config = (
+        hf_models.qwen3_moe_config(**shape, moe_intermediate_size=32, num_experts=4)
+        if moe
+        else hf_models.qwen3_dense_config(**shape)
+    )
+    return hf_models.save_random_model(config, directory)
 
 
 def _build_megatron(hf_dir: Path, *, moe: bool) -> tuple[Any, list[Any]]:

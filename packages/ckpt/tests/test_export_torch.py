@@ -7,17 +7,18 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from grpo_ckpt import StrictExportError
 from grpo_ckpt.export import EXPORT_MANIFEST, export_hf_torch
+from grpo_tiny import hf_models  # the repository's test models (grpo-tiny, the test extra)
 
 
 def _tiny_qwen3(*, tied: bool) -> Qwen3ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, tie_word_embeddings=tied,
+    config = hf_models.qwen3_dense_config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, max_position_embeddings=64, tie_word_embeddings=tied,
     )
     return Qwen3ForCausalLM(config).to(torch.bfloat16)
 

@@ -123,10 +123,12 @@ def save_vision_language_layout(text_dir: Path, out_dir: Path, *, language_weigh
     import shutil
 
     import torch
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoConfig, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
-
-    from grpo_ckpt.vision_language import into_language_model_layout
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForConditionalGeneration,
+    )
 
     text = AutoConfig.from_pretrained(text_dir)
     vision = {
@@ -140,16 +142,20 @@ def save_vision_language_layout(text_dir: Path, out_dir: Path, *, language_weigh
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3_5MoeForConditionalGeneration(config).to(text.dtype or torch.float32)
-    model.save_pretrained(out_dir)
     if language_weights:
-        weights = out_dir / "model.safetensors"
-        tensors = load_file(weights)
-        for name, tensor in load_file(Path(text_dir) / "model.safetensors").items():
-            vl_name = into_language_model_layout(name)
-            if vl_name not in tensors:
-                raise ValueError(f"{vl_name} (from {name}) is not in the vision-language layout")
-            tensors[vl_name] = tensor
-        save_file(tensors, weights, metadata={"format": "pt"})
+        # Through the modules (transformers' own layout and checkpoint conversion), not a renaming
+        # rule: the text model's `model` is the language model, its `lm_head` the same head.
+        text_model, info = AutoModelForCausalLM.from_pretrained(
+            text_dir, dtype=text.dtype or torch.float32, output_loading_info=True
+        )
+        if info["missing_keys"] or info["unexpected_keys"]:
+            raise ValueError(
+                f"{text_dir} does not load whole: missing {sorted(info['missing_keys'])[:5]}, "
+                f"unexpected {sorted(info['unexpected_keys'])[:5]}"
+            )
+        model.model.language_model.load_state_dict(text_model.model.state_dict(), strict=True)
+        model.lm_head.load_state_dict(text_model.lm_head.state_dict(), strict=True)
+    model.save_pretrained(out_dir)
     for path in Path(text_dir).iterdir():
         if path.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
             shutil.copy(path, out_dir / path.name)

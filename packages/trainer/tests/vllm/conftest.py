@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # this folder's helpers: `from tiny_qwen3 import ...`
+sys.path.insert(0, str(Path(__file__).parent))  # this folder's helpers: `from sync_check import ...`
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory):
     """(model_dir, HF model, tokenizer) of a random float32 Qwen3: hidden 128, head_dim 32, 2 layers."""
-    from tiny_qwen3 import build_tiny_qwen3
+    from grpo_tiny.hf_models import build_tiny_qwen3
 
     model_dir = tmp_path_factory.mktemp("tiny_qwen3")
     model, tokenizer = build_tiny_qwen3(model_dir, seed=0)

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sync_check import SyncReport, reference_logprob_fn, tolerance_for
-from tiny_qwen3 import build_tiny_qwen3  # this folder's helper (conftest puts it on sys.path)
+from sync_check import (  # this folder's helper (conftest puts it on sys.path)
+    SyncReport,
+    reference_logprob_fn,
+    tolerance_for,
+)
+
+from grpo_tiny.hf_models import build_tiny_qwen3
 
 
 def test_tolerance_follows_the_dtype():
