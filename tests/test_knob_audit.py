@@ -315,7 +315,7 @@ READ: dict[str, tuple[str, ...]] = {
     "reward.grader": (
         f"{TRAINER}/test_rewards_manager.py::test_the_grader_setting_picks_verl_s_or_the_lenient_grading",
         f"{SETTINGS}::test_the_reward_settings_reach_the_reward_manager",
-        "tests/test_rewards_equal_verl.py::test_every_row_scores_as_verl_scores_it",
+        "packages/trainer/tests/test_rewards_equal_verl.py::test_every_row_scores_as_verl_scores_it",
     ),
     "checkpoint.dir": (TINY_TRAIN,),
     "checkpoint.save_freq": (TINY_TRAIN,),

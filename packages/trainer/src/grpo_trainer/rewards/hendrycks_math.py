@@ -2,7 +2,7 @@
 (`verl.utils.reward_score.math_reward`, itself the Hendrycks MATH / lm-evaluation-harness
 normalisation): the last `\\boxed{...}` (or `\\boxed x`, `\\fbox{...}`) of the response against the
 ground truth, both normalised as strings; 1.0 when equal, else 0.0. Written here to give verl's
-scores exactly (tests/data/verl_rewards/math.jsonl); the rules and their quirks are verl's, e.g.
+scores exactly (packages/trainer/tests/data/verl_rewards/math.jsonl); the rules and their quirks are verl's, e.g.
 `0.5` equals `\\frac{1}{2}` but `0.25` does not equal `\\frac{1}{4}`, and a normalisation that fails
 falls back to comparing the raw strings."""
 

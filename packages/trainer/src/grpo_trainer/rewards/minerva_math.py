@@ -3,7 +3,7 @@ with (`verl.utils.reward_score.math_dapo`, Minerva's normalisation): within the 
 characters of the response, the last `Answer: ...` line, normalised, against the normalised ground
 truth; without one, the last `\\boxed{...}` of the last 100 characters against the ground truth as
 written. +1.0 when correct, -1.0 otherwise (DAPO's reward), with `acc` and the prediction. Written
-here to give verl's scores exactly (tests/data/verl_rewards/math_dapo.jsonl)."""
+here to give verl's scores exactly (packages/trainer/tests/data/verl_rewards/math_dapo.jsonl)."""
 
 from __future__ import annotations
 

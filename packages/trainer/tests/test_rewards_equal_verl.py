@@ -1,5 +1,5 @@
 """The built-in rewards give verl's scores exactly: rows of (response, ground truth, verl's score)
-per data source, produced by verl's own reward functions (tests/data/verl_rewards/README.md says
+per data source, produced by verl's own reward functions (packages/trainer/tests/data/verl_rewards/README.md says
 which verl, how, and how to regenerate); the test does not import verl. Each row's data source
 goes through the registry as the reward manager resolves it, with the default grader."""
 
