@@ -48,22 +48,25 @@ UPDATE_MFU = ((2048, 0.307), (4096, 0.407))
 # The log-prob passes (forward only, no recompute) run at the same MFU (assumed).
 # Decode reads every weight of its shard once per generated token (a large batch hits all experts),
 # at this share of HBM bandwidth (measured: H100, vLLM 0.26 compiled engine, Qwen3.5-35B-A3B's
-# shape at 24 layers, 256 sequences: 0.563, where every routed expert is touched;
-# docs/benchmarks.md "Cost-model constants").
+# shape at 24 layers, 256 sequences, where every routed expert is touched: 0.563 and 0.549 in two
+# runs; docs/benchmarks.md "Cost-model constants").
 DECODE_HBM_EFFICIENCY = 0.56
 # Mean generated length as a share of the response budget (assumed: geo3k responses of the seeds'
 # budget; the run's own `response_length/mean` replaces it).
 RESPONSE_FILL = 0.5
-# Prefill MFU (measured: same engine, 64 prompts of 1024 tokens, 0.308).
-PREFILL_MFU = 0.31
+# Prefill MFU (measured: same engine, 64 prompts of 1024 tokens; median of six runs over two
+# machines, 0.29-0.37).
+PREFILL_MFU = 0.35
 # Weight sync, GB/s per trainer process (measured: H100, the colocated engine's in-process
-# `direct` transport, 16 of the 35B's layers, 28.95 GB in 0.276 s, 105 GB/s; the /dev/shm buckets
-# an engine in another process reads run at 1.2 GB/s). Processes sync their shards at once.
-SYNC_GBS_PER_PROCESS = 105.0
+# `direct` transport, 16 of the 35B's layers, 28.95 GB; median of six syncs over two machines, 0.263
+# s; the /dev/shm buckets an engine in another process reads run at 1.2-1.3 GB/s). Processes sync
+# their shards at once.
+SYNC_GBS_PER_PROCESS = 110.0
 # CPU Adam (optimizer_offload), parameters per second per device's share of host cores (measured:
-# megatron-core's fused CPU AdamW on the lent H100's 16-core host: 4.14e9 at 16 threads, 2.46e9 at
-# 8; the 8-thread figure is taken, as the ranks of an 8-GPU host share its memory bandwidth).
-CPU_ADAM_PARAMS_PER_S = 2.5e9
+# megatron-core's fused CPU AdamW, 2e8 parameters, on the lent H100's 16-core host, median of ten
+# steps over two machines: 3.9e9 at 16 threads, 2.7e9 at 8; the 8-thread figure is taken, as the
+# ranks of an 8-GPU host share its memory bandwidth).
+CPU_ADAM_PARAMS_PER_S = 2.7e9
 
 
 def update_mfu(hidden: int) -> float:
