@@ -30,28 +30,18 @@ if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("meg
 
 
 def _tiny_qwen35_moe(path: Path) -> Path:
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    """Four layers (three Gated DeltaNet, one full attention), bf16, norm weights at random values
+    (grpo_tiny: around 0 for the zero-centred RMSNorms, around 1 for the Gated DeltaNet output norm,
+    as trained checkpoints hold them), so a wrong (zero-centred or not) mapping shows up: the bridge
+    maps that one with a bf16 `w - 1` (and `+ 1` back), exact for weights in [0.5, 2] but rounding
+    weights near 0 (seen: 0.004 off for N(0, 0.1) weights)."""
+    from grpo_tiny import hf_models
 
-    layers = 4  # three Gated DeltaNet layers, then one full-attention layer
-    config = Qwen3_5MoeTextConfig(
-        vocab_size=256, hidden_size=128, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
-        linear_value_head_dim=64, linear_conv_kernel_dim=4, moe_intermediate_size=64,
-        shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
-        tie_word_embeddings=False, layer_types=["linear_attention"] * 3 + ["full_attention"],
-    )
-    torch.manual_seed(0)
-    model = Qwen3_5MoeForCausalLM(config).to(torch.bfloat16)
-    with torch.no_grad():
-        # Random norm weights, so a wrong (zero-centred or not) mapping shows up. Around 0 for the
-        # zero-centred RMSNorms, around 1 for the Gated DeltaNet output norm, as trained checkpoints
-        # hold them: the bridge maps that one with a bf16 `w - 1` (and `+ 1` back), which is exact for
-        # weights in [0.5, 2] but rounds weights near 0 (seen: 0.004 off for N(0, 0.1) weights).
-        for name, param in model.named_parameters():
-            if param.dim() == 1 and "norm" in name:
-                param.normal_(mean=1.0 if "linear_attn.norm" in name else 0.0, std=0.1)
-    model.save_pretrained(path)
-    return path
+    config = hf_models.qwen35_moe_config(
+        vocab_size=256, hidden_size=128, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+        num_experts=4, max_position_embeddings=256,
+    )  # fmt: skip
+    return hf_models.save_random_model(config, path)
 
 
 def _megatron_on_cpu(model_path: Path, pg_file: Path, *, vision_trainable: bool = True) -> tuple[object, list]:
