@@ -21,6 +21,7 @@ RANGES: tuple[Range, ...] = (
 def reward_problems(cfg: TrainerConfig) -> list[str]:
     problems = range_problems(cfg, RANGES)
     buffer = cfg.reward.overlong_buffer
+    budget = cfg.rollout.max_tokens or cfg.data.max_response_length
     if buffer.enable and buffer.max_response_length is not None:
         if not 1 <= buffer.len <= buffer.max_response_length:
             problems.append(
@@ -28,8 +29,7 @@ def reward_problems(cfg: TrainerConfig) -> list[str]:
                 f"max_response_length={buffer.max_response_length} (verl's max_resp_len): the penalty ramps over "
                 "the last len tokens before it."
             )
-    elif buffer.enable and not 1 <= buffer.len <= (cfg.rollout.max_tokens or cfg.data.max_response_length):
-        budget = cfg.rollout.max_tokens or cfg.data.max_response_length
+    elif buffer.enable and not 1 <= buffer.len <= budget:
         problems.append(
             f"reward.overlong_buffer.len={buffer.len} must be between 1 and the response budget {budget} "
             "(rollout.max_tokens, else data.max_response_length): the penalty ramps over the last len tokens."

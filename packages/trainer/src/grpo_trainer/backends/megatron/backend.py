@@ -85,8 +85,7 @@ class MegatronBackend:
         if not path:
             raise ValueError("actor.model_path is empty: set it to an HF checkpoint directory")
         kind = resolve_device_kind(cfg)
-        import_megatron_stack(kind)  # MindSpeed's adaptor first on NPU, before any megatron import
-        policy, ref = _build_models(cfg, model_path=path, kind=kind)
+        policy, ref = _build_models(cfg, model_path=path, kind=kind)  # build_policy imports the stack first
         park_ref = bool(cfg.ref.megatron and cfg.ref.megatron.param_offload)
         return cls(cfg.actor, policy=policy, ref=ref, park_ref=park_ref, kind=kind)
 
