@@ -22,14 +22,16 @@ patch and why):
 - the backend's CPU refusal and device set-up (`build._accelerator`, `build.init_distributed`): the
   process group is the harness's own gloo group.
 
-`run_ranks()` starts `world_size` processes of a rank program and waits for them all.
+`run_ranks()` runs `world_size` ranks of `layout_rank.py` as forks of one process (`forked_ranks.py`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -186,65 +188,98 @@ class RanksFailed(RuntimeError):
     pass
 
 
-def run_ranks(
-    program: Path, spec: dict[str, Any], *, world_size: int, out: Path, timeout_s: float = 900, forked: bool = False
-) -> list[dict]:
-    """Run `program spec.json` as `world_size` rank processes over gloo; each rank writes
-    `out/rank{R}.json`. Returns those results in rank order; raises `RanksFailed` with the failing
-    ranks' log tails when any rank fails or the run times out. `forked`: the ranks are forks of one
-    process that imported the Megatron stack once (`forked_ranks.py`; `layout_rank.py` only), for
-    world sizes whose separate processes would not fit in memory."""
+class _ForkServer:
+    """`forked_ranks.py`, started on first use and kept for the process's later runs."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("w") as sink:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE / "forked_ranks.py")], env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=sink,
+            )
+        self.pending = b""
+
+    def _answer(self, deadline: float) -> str | None:
+        """The server's next answer line, or None at the deadline."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                tail = "\n".join(self.log.read_text().splitlines()[-25:])
+                raise RanksFailed(f"the fork server exited (its log, {self.log}):\n{tail}")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line.decode()
+
+    def run(self, request: dict[str, Any], timeout_s: float) -> int | str:
+        """One layout run; its exit code, or "timeout" (its ranks killed)."""
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        leader = int(self._answer(time.monotonic() + 60).split()[1])
+        answer = self._answer(deadline)
+        if answer is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(leader, signal.SIGKILL)
+            self._answer(time.monotonic() + 60)
+            return "timeout"
+        return int(answer.split()[1])
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+_FORK_SERVER: _ForkServer | None = None
+
+
+def stop_fork_server() -> None:
+    """Free the fork server's memory (~1.3 GB) once its runs are over."""
+    global _FORK_SERVER
+    if _FORK_SERVER is not None:
+        _FORK_SERVER.stop()
+        _FORK_SERVER = None
+
+
+def _fork_server(env: dict[str, str], log: Path) -> _ForkServer:
+    global _FORK_SERVER
+    if _FORK_SERVER is None or _FORK_SERVER.proc.poll() is not None:
+        _FORK_SERVER = _ForkServer(env, log)
+        atexit.register(stop_fork_server)
+    return _FORK_SERVER
+
+
+def run_ranks(spec: dict[str, Any], *, world_size: int, out: Path, timeout_s: float = 900) -> list[dict]:
+    """Run `layout_rank.py` as `world_size` ranks over gloo, forks of a server process that imported
+    the Megatron stack once (`forked_ranks.py`: no rank pays the imports, and 64 ranks fit in
+    memory); each rank writes `out/rank{R}.json`. Returns those results in rank order; raises
+    `RanksFailed` with the failing ranks' log tails when any rank fails or the run times out."""
     out.mkdir(parents=True, exist_ok=True)
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps({**spec, "out": str(out)}))
-    port = free_port()
     env = {
         **os.environ,
         "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": "0",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "MASTER_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
     }
-    if forked:
-        commands = [([sys.executable, str(HERE / "forked_ranks.py"), str(spec_path), str(world_size)], env, "forked")]
-    else:
-        commands = [
-            ([sys.executable, str(program), str(spec_path)], {**env, "RANK": str(rank)}, f"rank{rank}")
-            for rank in range(world_size)
-        ]
-    procs = []
-    for command, proc_env, name in commands:
-        log = (out / f"{name}.log").open("w")
-        # Forked: the parent leads a process group of its own, so that a kill reaches the ranks it forked.
-        procs.append(
-            subprocess.Popen(command, env=proc_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=forked)
-        )
-    deadline = time.monotonic() + timeout_s
-    failed = []
-    for index, proc in enumerate(procs):
-        try:
-            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-        if code != 0:
-            failed.append((index, code))
-    if forked and failed:
-        failed = [(rank, failed[0][1]) for rank in range(world_size) if not (out / f"rank{rank}.json").exists()] or failed
-    if failed:
-        for proc in procs:
-            if forked:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                proc.kill()
+    request = {"spec": str(spec_path), "world_size": world_size, "env": env, "log": str(out / "forked.log")}
+    code = _fork_server(env, out.parent / "fork_server.log").run(request, timeout_s)
+    if code != 0:
+        failed = [rank for rank in range(world_size) if not (out / f"rank{rank}.json").exists()] or [0]
 
         def tail(rank: int) -> str:
             log = out / f"rank{rank}.log"
-            log = log if log.exists() else out / "forked.log"  # the forking parent failed before forking
+            log = log if log.exists() else out / "forked.log"  # the leader failed before forking
             return "\n".join(log.read_text().splitlines()[-25:])
 
-        tails = "\n".join(f"--- rank {rank} ({code}):\n{tail(rank)}" for rank, code in failed[:2])
+        tails = "\n".join(f"--- rank {rank} ({code}):\n{tail(rank)}" for rank in failed[:2])
         raise RanksFailed(f"{len(failed)} of {world_size} ranks failed:\n{tails}")
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world_size)]

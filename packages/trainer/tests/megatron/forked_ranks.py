@@ -1,14 +1,18 @@
 """Test support: the ranks of a layout run as forks of one process that imported the Megatron
-stack once, for world sizes whose separate processes would not fit this machine's memory (32 and 64
-ranks: ~0.9 GB each when every rank imports torch, megatron-core, Megatron-Bridge and transformers
-itself; forked, the imported code and data are shared until written).
+stack once (~24 CPU-seconds and ~0.9 GB per process that imports torch, megatron-core,
+Megatron-Bridge and transformers itself; forked, the imported code and data are shared until
+written, which is what lets 32 or 64 ranks fit this machine's memory).
 
-`python forked_ranks.py spec.json world_size` imports what `layout_rank.main` imports, freezes the
-garbage collector's view of those objects (so that collections do not touch, and un-share, their
-pages), then forks one child per rank with the variables `cpu_ranks.init_rank` reads and its output
-in `out/rank{R}.log`. Each child runs `layout_rank.main` as a process of `cpu_ranks.run_ranks`
-would. The parent exits non-zero when any child does, and writes `out/memory.json` (the peak
-proportional set size of all ranks together, from /proc/<pid>/smaps_rollup, sampled each second).
+`python forked_ranks.py` imports that stack once, freezes the garbage collector's view of
+it (so that collections do not touch, and un-share, its pages) and then runs one layout per request
+line on stdin (`{"spec": ..., "world_size": ..., "env": {...}, "log": ...}`). Per run it forks a
+leader, a session of its own so that one kill reaches its ranks, which takes the run's environment
+and forks one child per rank with the variables `cpu_ranks.init_rank` reads and its output in
+`out/rank{R}.log`; each child runs `layout_rank.main` as a process of its own would. The server
+answers `started <leader pid>`, then `exit <code>` (non-zero when any rank failed); the leader writes
+`out/memory.json` (the peak proportional set size of all ranks together, from
+/proc/<pid>/smaps_rollup, sampled each second). The server runs no rank code itself, so every run
+starts from the same freshly imported state.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ def _pss_kib(pid: int) -> int:
     return 0
 
 
-def main(spec_path: str, world_size: int) -> int:
-    import layout_rank
+def _import_stack() -> None:
+    import layout_rank  # noqa: F401
     import torch
     import transformers  # noqa: F401
 
@@ -41,8 +45,12 @@ def main(spec_path: str, world_size: int) -> int:
 
     import_megatron_stack("cpu")
     import_megatron_bridge()
-
     torch.set_num_threads(1)
+
+
+def _fork_ranks(spec_path: str, world_size: int) -> int:
+    import layout_rank
+
     out = Path(json.loads(Path(spec_path).read_text())["out"])
     gc.collect()
     gc.freeze()
@@ -83,5 +91,42 @@ def main(spec_path: str, world_size: int) -> int:
     return 0
 
 
+def _lead(request: dict) -> None:
+    """One run: its environment and log, then its ranks; never returns."""
+    os.setsid()
+    os.environ.clear()
+    os.environ.update(request["env"])
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    code = 1
+    try:
+        code = _fork_ranks(request["spec"], int(request["world_size"]))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve() -> int:
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what the imports print goes to the log, not into the answers
+    _import_stack()
+    for line in sys.stdin:
+        request = json.loads(line)
+        gc.collect()
+        gc.freeze()
+        pid = os.fork()
+        if pid == 0:
+            _lead(request)
+        print(f"started {pid}", file=answers, flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {os.waitstatus_to_exitcode(status)}", file=answers, flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(serve())
