@@ -217,15 +217,20 @@ class _ForkServer:
 
     def run(self, request: dict[str, Any], timeout_s: float) -> int | str:
         """One layout run; its exit code, or "timeout" (its ranks killed)."""
+        deadline = time.monotonic() + timeout_s
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
-        deadline = time.monotonic() + timeout_s
-        leader = int(self._answer(time.monotonic() + 60).split()[1])
+        started = self._answer(deadline)  # the first run's answer waits for the server's imports
+        if started is None:
+            self.stop()
+            return "timeout"
+        leader = int(started.split()[1])
         answer = self._answer(deadline)
         if answer is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(leader, signal.SIGKILL)
-            self._answer(time.monotonic() + 60)
+            if self._answer(time.monotonic() + 60) is None:
+                self.stop()  # out of step with its answers: the next run starts a new server
             return "timeout"
         return int(answer.split()[1])
 
