@@ -50,6 +50,7 @@ def _import_stack() -> None:
 
 def _fork_ranks(spec_path: str, world_size: int) -> int:
     import layout_rank
+    import torch
 
     out = Path(json.loads(Path(spec_path).read_text())["out"])
     gc.collect()
@@ -58,6 +59,9 @@ def _fork_ranks(spec_path: str, world_size: int) -> int:
     for rank in range(world_size):
         pid = os.fork()
         if pid == 0:
+            # torch's thread pool, inherited from the parent, is rebuilt on its first use in a fork;
+            # rebuilt here, by the only thread, not raced by autograd's threads ("Invalid thread pool!").
+            torch.set_num_threads(1)
             os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0")
             log = os.open(out / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(log, 1)
