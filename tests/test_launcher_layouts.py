@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ pytestmark = [
 
 RAY_MEMORY_THRESHOLD = "RAY_memory_usage_threshold"  # Ray's own spelling
 HARNESS = Path(__file__).resolve().parents[1] / "packages" / "trainer" / "tests" / "megatron"
+sys.path.insert(0, str(HARNESS))
+import cpu_ranks  # noqa: E402  (the CUDA stand-ins' module; here for its opt-in marker)
+
 # The profile's Megatron settings that need transformer_engine or a GPU kernel, and their CPU stand-ins.
 CPU_MEGATRON = {
     "transformer_impl": "local",
@@ -151,14 +155,8 @@ def test_layout_of_the_35b_gpu_profile_trains_a_step(gpu_profile_run: dict[str, 
     assert (model_config["tensor_model_parallel_size"], model_config["expert_model_parallel_size"]) == (2, 8)
 
 
-FULL_RANK_COUNTS = "GRPO_TEST_FULL_RANK_COUNTS"
-
-
 @pytest.mark.timeout(2400)
-@pytest.mark.skipif(
-    os.environ.get(FULL_RANK_COUNTS) != "1",
-    reason=f"16 Ray ranks peak at ~21.5 GB of this 24 GiB machine (docs/LAYOUTS.md); {FULL_RANK_COUNTS}=1 runs it",
-)
+@cpu_ranks.only_at_full_rank_counts("16 Ray ranks peak at ~21.5 GB of this 24 GiB machine (docs/LAYOUTS.md)")
 def test_layout_of_the_35b_npu_profile_resumes_the_gpu_profile_s_checkpoint(gpu_profile_run: dict[str, Any], tmp_path: Path) -> None:
     """TP2 x PP2 x EP8 (sequence parallel), 16 ranks (its full count: one node of 16 NPUs), also the
     122B GPU profile's layout at its smallest world, resuming the GPU profile's step 1 (TP2 x EP8, 8

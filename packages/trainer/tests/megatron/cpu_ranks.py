@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -188,6 +189,14 @@ class RanksFailed(RuntimeError):
     pass
 
 
+FULL_RANK_COUNTS = "GRPO_TEST_FULL_RANK_COUNTS"
+
+
+def only_at_full_rank_counts(why: str) -> pytest.MarkDecorator:
+    """Skip unless GRPO_TEST_FULL_RANK_COUNTS=1: the runs too large for CI's 2 cores and 24 GiB."""
+    return pytest.mark.skipif(os.environ.get(FULL_RANK_COUNTS) != "1", reason=f"{why}; {FULL_RANK_COUNTS}=1 runs it")
+
+
 class _ForkServer:
     """`forked_ranks.py`, started on first use and kept for the process's later runs."""
 
@@ -242,6 +251,7 @@ class _ForkServer:
 _FORK_SERVER: _ForkServer | None = None
 
 
+@atexit.register
 def stop_fork_server() -> None:
     """Free the fork server's memory (~1.3 GB) once its runs are over."""
     global _FORK_SERVER
@@ -254,7 +264,6 @@ def _fork_server(env: dict[str, str], log: Path) -> _ForkServer:
     global _FORK_SERVER
     if _FORK_SERVER is None or _FORK_SERVER.proc.poll() is not None:
         _FORK_SERVER = _ForkServer(env, log)
-        atexit.register(stop_fork_server)
     return _FORK_SERVER
 
 

@@ -53,8 +53,6 @@ def _fork_ranks(spec_path: str, world_size: int) -> int:
     import torch
 
     out = Path(json.loads(Path(spec_path).read_text())["out"])
-    gc.collect()
-    gc.freeze()
     children = {}
     for rank in range(world_size):
         pid = os.fork()
@@ -119,10 +117,10 @@ def serve() -> int:
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the imports print goes to the log, not into the answers
     _import_stack()
+    gc.collect()
+    gc.freeze()
     for line in sys.stdin:
         request = json.loads(line)
-        gc.collect()
-        gc.freeze()
         pid = os.fork()
         if pid == 0:
             _lead(request)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +260,3 @@ def main(spec_path: str) -> None:
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
-
-if __name__ == "__main__":
-    main(sys.argv[1])

@@ -11,7 +11,6 @@ HF export, each compared with the world-size-1 run. The numbers go into docs/LAY
 from __future__ import annotations
 
 import glob
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +67,7 @@ LAYOUTS = [
     # expert-parallel rank.
     Layout("tp2_pp2_ep8_dp4", {"tp": 2, "pp": 2, "ep": 8}, 16, {"distributed_optimizer": True}),
     # The 122B profiles' layouts at their full rank counts (4 nodes of 8 GPUs / 16 NPUs), one expert
-    # per expert-parallel rank; run only when asked (FULL_RANK_COUNTS).
+    # per expert-parallel rank; run only when asked (GRPO_TEST_FULL_RANK_COUNTS=1).
     Layout("tp2_pp2_ep8_dp8_122b_gpu", {"tp": 2, "pp": 2, "ep": 8}, 32, {"distributed_optimizer": True}),
     Layout(
         "tp2_pp4_ep16_dp8_122b_npu", {"tp": 2, "pp": 4, "ep": 16}, 64,
@@ -77,11 +76,7 @@ LAYOUTS = [
 ]
 
 
-FULL_RANK_COUNTS = "GRPO_TEST_FULL_RANK_COUNTS"
-_FULL_RANK_COUNT_ONLY = pytest.mark.skipif(
-    os.environ.get(FULL_RANK_COUNTS) != "1",
-    reason=f"32 or 64 CPU ranks take 3-13 minutes on 2 cores (docs/LAYOUTS.md); {FULL_RANK_COUNTS}=1 runs them",
-)
+_FULL_RANK_COUNT_ONLY = cpu_ranks.only_at_full_rank_counts("32 or 64 CPU ranks take 3-13 minutes on 2 cores (docs/LAYOUTS.md)")
 PARAMS = [pytest.param(lay, marks=_FULL_RANK_COUNT_ONLY if lay.world_size > 16 else (), id=lay.name) for lay in LAYOUTS]
 
 
