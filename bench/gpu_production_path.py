@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -163,6 +164,7 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
             r["response_length/mean"] * sequences / r["timing/generate_s"] for r in later
         ),
         "logprob_abs_diff_max": max(r["rollout/logprob_abs_diff"] for r in rows.values()),
+        "grad_norms": [r.get("actor/grad_norm", float("nan")) for r in rows.values()],
         "gpu_memory_peak_mib": memory.peak,
         **{
             f"{key}_mean": statistics.fmean(r[key] for r in rows.values())
@@ -173,8 +175,30 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
     if "train/num_gen_batches" in rows[1]:
         summary["gen_rounds_total"] = sum(r["train/num_gen_batches"] for r in rows.values())
         summary["groups_dropped_total"] = sum(r["dynamic_sampling/groups_dropped"] for r in rows.values())
-    print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}), flush=True)
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("rewards", "grad_norms")}), flush=True)
     return summary
+
+
+def verdict(name: str, result: dict[str, Any], steps: int) -> str:
+    """One line: PASS when the run trained every step with finite rewards, grad norms and rollout
+    log-prob gaps and synced weights; else FAIL and the first reason."""
+    if "error" in result:
+        return f"SMOKE FAIL {name}: " + result["error"].strip().splitlines()[-1][:300]
+    numbers = [*result["rewards"], *result["grad_norms"], result["logprob_abs_diff_max"]]
+    problems = [
+        f"{result['final_step']}/{steps} steps" if result["final_step"] != steps else None,
+        f"{len(result['rewards'])} steps logged a reward" if len(result["rewards"]) != steps else None,
+        "a reward, grad norm or log-prob gap is not finite" if not all(map(math.isfinite, numbers)) else None,
+        "no weight sync timed" if "weight_sync" not in result["phase_s_median"] else None,
+    ]
+    problems = [p for p in problems if p]
+    phases = ", ".join(f"{p} {s:.3f}" for p, s in result["phase_s_median"].items())
+    head = f"SMOKE FAIL {name}: {'; '.join(problems)}." if problems else f"SMOKE PASS {name}:"
+    return (
+        f"{head} {result['final_step']} steps, step 1 {result['step1_s']:.1f} s, then per phase (s, median) "
+        f"{phases}; rollout {result['rollout_tokens_per_s_median']:.0f} tok/s, max |log-prob gap| "
+        f"{result['logprob_abs_diff_max']:.3g}, GPU peak {result['gpu_memory_peak_mib']} MiB"
+    )
 
 
 def main() -> None:
@@ -182,6 +206,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--runs", default="offload,resident", help=f"comma- or +-separated: offload, resident, vl, {', '.join(ALGORITHMS)}")
+    parser.add_argument("--verdict", action="store_true", help="print a SMOKE PASS/FAIL line per run (bench/gpu_session.sh smoke)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
@@ -194,6 +219,10 @@ def main() -> None:
             results[name] = {"error": traceback.format_exc()[-8000:]}
             traceback.print_exc()
         (args.out / "gpu_production_path.json").write_text(json.dumps(results, indent=2, default=str))
+    lines = [verdict(name, result, args.steps) for name, result in results.items()] if args.verdict else []
+    print("\n".join(lines), flush=True)
+    if any(line.startswith("SMOKE FAIL") for line in lines):
+        raise SystemExit(1)
     raise SystemExit(1 if any("error" in r for r in results.values()) else 0)
 
 

@@ -4,8 +4,10 @@
 #   tests[=EXPR]     the Megatron GPU tests (pytest -k EXPR when given)
 #   train[=ARGS]     bench/megatron_gpu_train.py (train() megatron vs torch; ARGS comma-separated)
 #   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable; one process per spec)
+#   smoke            the production path on the tiny presets, text (offload) and VL, 5 steps each: one
+#                    SMOKE PASS/FAIL line per run with its per-phase seconds; run it first on a new machine
 #   prod[=ARGS]      bench/gpu_production_path.py (Megatron actor + vLLM rollout in train(); needs vLLM
-#                    (.vx1-.vx3) and Ray (.rayw) unpacked)
+#                    (.vx1, .vx2, .whl) and Ray (.rayw) unpacked)
 #   sync[=ARGS]      bench/gpu_weight_sync.py (the full-size Qwen3.5-35B-A3B weight sync; needs vLLM)
 #   decode[=ARGS]    bench/gpu_rollout_decode.py (the cost model's decode / prefill / CPU-Adam constants; needs vLLM)
 #   e.g. bash bench/gpu_session.sh alloc tests train=--steps,50,--split,40 mfu=qwen3moe+gmm,8,32,8,768,2048,16,2048,4
@@ -16,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-for d in .vx1 .vx2 .vx3 .whl .rayw; do
+for d in .vx1 .vx2 .whl .whl2 .rayw; do
   [ -d "$d" ] && { bash bench/gpu_unpack.sh "$d" || exit 1; }
 done
 root=$PWD
@@ -41,6 +43,12 @@ for part in "$@"; do
       timeout 300 python3 bench/megatron_gpu_train.py --out "$OUT" --hide-from-torch /tmp/site_fla ${args//,/ } 2>&1 \
         | grep -v "Loading weights\|Writing model\|ckpt.component_saved" > "$OUT/train.log" || status=1
       tail -n 3 "$OUT/train.log" ;;
+    smoke)
+      [ -f /tmp/site/vllm/__init__.py ] && [ -d /tmp/site/ray ] || { echo "SMOKE FAIL: vLLM or Ray is not in /tmp/site (COLD MACHINE?)"; exit 2; }
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 560 python3 bench/gpu_production_path.py --out "$OUT/smoke" --steps 5 --runs offload,vl --verdict 2>&1 \
+        | grep -v "Loading weights\|Writing model" > "$OUT/smoke.log" || status=1
+      grep '^SMOKE' "$OUT/smoke.log" || { echo "SMOKE FAIL: no verdict (log tail below)"; tail -n 20 "$OUT/smoke.log"; status=1; }
+      n=$(grep -c "CUDA Error" "$OUT/smoke.log"); [ "$n" -eq 0 ] || echo "smoke: $n 'CUDA Error' lines in $OUT/smoke.log: $(grep -m1 "CUDA Error" "$OUT/smoke.log")" ;;
     prod|prod=*)
       args=${part#prod}; args=${args#=}
       [ -f /tmp/site/vllm/__init__.py ] || { echo "COLD MACHINE: vLLM is not in /tmp/site"; exit 2; }

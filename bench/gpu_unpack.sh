@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: unpack carried folders (bench/gpu_prepare.sh made them) into /tmp/site.
-# usage: bash bench/gpu_unpack.sh DIR [DIR ...]     e.g. bash bench/gpu_unpack.sh .vx3 .whl
+# usage: bash bench/gpu_unpack.sh DIR [DIR ...]     e.g. bash bench/gpu_unpack.sh .vx2 .whl
 # *.tar.xz are extracted, *.whl installed (pip --no-index --no-deps --target); FLA's two wheels go to
 # /tmp/site_fla instead (the torch backend's workers run without FLA: bench/megatron_gpu_train.py).
 # A folder unpacked before on this machine (same name and size) is skipped. The machine forgets
@@ -13,7 +13,6 @@ for D in "$@"; do
   [ -d "$D" ] || { echo "no folder $D here: name it in the call's carry"; exit 2; }
   case "$name" in
     .vx2) [ -f $S/vllm/_C_stable_libtorch.abi3.so ] || { echo "COLD MACHINE: .vx1 is not unpacked; start again from .vx1"; exit 3; } ;;
-    .vx3) [ -f $S/vllm/__init__.py ] || { echo "COLD MACHINE: .vx2 is not unpacked; start again from .vx1"; exit 3; } ;;
   esac
   size=$(du -sb "$D" | cut -f1)
   if [ "$(cat $S/.unpacked$name 2>/dev/null)" = "$size" ]; then echo "$D: unpacked already"; continue; fi

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from grpo_trainer import rewards as rw
@@ -114,6 +116,24 @@ def test_builtin_sources_are_registered_per_grader():
         rw.get_reward_fn("nobody/knows", "lenient")
 
 
+def test_a_grader_whose_library_is_missing_is_refused_naming_the_setting(monkeypatch):
+    """geo3k's "verl" grader imports mathruler when first called; on a machine without it (the GPU
+    install once lacked it) the lookup, and so the reward manager's first batch, stops with the
+    setting to change, not a ModuleNotFoundError at import; the lenient grader still scores."""
+    monkeypatch.setitem(sys.modules, "mathruler", None)  # as if not installed
+    with pytest.raises(rw.GraderUnavailableError) as refused:
+        rw.get_reward_fn("hiyouga/geometry3k")
+    message = str(refused.value)
+    assert "reward.grader=verl" in message and "mathruler" in message
+    assert "reward.grader=lenient (geo3k_score_lenient)" in message
+    assert isinstance(refused.value, ValueError)  # a setting: the launchers' exit 2, one line
+    with rw.RewardManager(timeout_s=5, isolation="thread") as manager, pytest.raises(rw.GraderUnavailableError):
+        manager.score([{"data_source": "hiyouga/geometry3k", "solution_str": "\\boxed{1}", "ground_truth": "1"}])
+    assert rw.get_reward_fn("hiyouga/geometry3k", "lenient")("<think>x</think>\\boxed{1}", "1", None) == 1.0
+    monkeypatch.delitem(sys.modules, "mathruler")
+    assert rw.get_reward_fn("hiyouga/geometry3k") is rw.geo3k_score
+
+
 def test_register_get_and_conflicts():
     @rw.register("test/a", "test/b")
     def constant(solution_str, ground_truth, extra_info):
@@ -165,6 +185,7 @@ def test_load_custom_fn(tmp_path, monkeypatch):
 def test_public_api_is_frozen():
     assert rw.__all__ == [
         "CustomRewardError",
+        "GraderUnavailableError",
         "RewardFn",
         "RewardItem",
         "RewardManager",

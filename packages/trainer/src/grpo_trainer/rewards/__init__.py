@@ -8,6 +8,7 @@ from grpo_trainer.rewards.gsm8k import gsm8k_score, gsm8k_score_lenient
 from grpo_trainer.rewards.manager import RewardItem, RewardManager, RewardResult
 from grpo_trainer.rewards.math_answer import answers_match, last_boxed, math_score, normalize_answer
 from grpo_trainer.rewards.registry import (
+    GraderUnavailableError,
     RewardFn,
     UnknownDataSourceError,
     get_reward_fn,
@@ -18,6 +19,7 @@ from grpo_trainer.rewards.registry import (
 
 __all__ = [
     "CustomRewardError",
+    "GraderUnavailableError",
     "RewardFn",
     "RewardItem",
     "RewardManager",

@@ -412,7 +412,15 @@ class VLLMRolloutEngine:
             self.asleep_tags -= wanted
 
     def shutdown(self) -> None:
-        """Stop the engine (its process, when it has one) now instead of at interpreter exit."""
+        """Stop the engine (its process, when it has one) now instead of at interpreter exit. A
+        sleeping engine is woken first: sleep unmapped its memory, and the shutdown's frees would
+        unmap it again, which the driver refuses (`CUDA Error: invalid argument` from vLLM's
+        cumem allocator; docs/INTERNALS.md). The caller makes room as for a rollout."""
+        if self.asleep_tags:
+            try:
+                self.wake_up()
+            except Exception as exc:  # shutting down anyway: the frees then report their errors
+                log.warning("vllm_engine.wake_before_shutdown_failed", error=str(exc).splitlines()[0])
         shm_names = _cpu_shm_group_names()
         engine = getattr(self.llm, "llm_engine", None)
         core = getattr(engine, "engine_core", None)

@@ -257,6 +257,12 @@ class PolicyWorker:
         """Stop the rollout engine (it releases its shared memory and device memory) and leave the
         process group."""
         if self.engine is not None and hasattr(self.engine, "shutdown"):
+            if getattr(self.engine, "asleep_tags", None) and self.memory is not None:
+                # the engine wakes to shut down cleanly (VllmEngine.shutdown): room as for a rollout
+                try:
+                    self.memory.before_rollout()
+                except Exception as exc:
+                    log.warning("worker.shutdown_offload_failed", rank=self.rank, error=str(exc).splitlines()[0])
             self.engine.shutdown()
             self.engine = None
         if dist.is_available() and dist.is_initialized():
