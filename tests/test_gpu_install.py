@@ -66,10 +66,7 @@ def test_gpu_in_names_every_package_with_every_gpu_extra():
         )
 
 
-@pytest.mark.parametrize("pyproject", PYPROJECTS, ids=lambda p: str(p.parent.relative_to(ROOT)))
-def test_every_declared_requirement_is_locked_inside_its_range(pyproject):
-    lock = gpu_carry.read_lock()
-    project = _project(pyproject)
+def _lock_problems(project: dict, lock: dict[str, gpu_carry.Locked]) -> list[str]:
     declared = list(project.get("dependencies", []))
     for extra, reqs in project.get("optional-dependencies", {}).items():
         if extra not in NOT_GPU_EXTRAS:
@@ -81,17 +78,31 @@ def test_every_declared_requirement_is_locked_inside_its_range(pyproject):
             problems.append(f"{req} is not in requirements/gpu.lock")
         elif not req.specifier.contains(locked.version, prereleases=True):
             problems.append(f"{req} is locked at {locked.version}, outside its range")
+    return problems
+
+
+@pytest.mark.parametrize("pyproject", PYPROJECTS, ids=lambda p: str(p.parent.relative_to(ROOT)))
+def test_every_declared_requirement_is_locked_inside_its_range(pyproject):
+    project = _project(pyproject)
+    problems = _lock_problems(project, gpu_carry.read_lock())
     assert not problems, f"{project['name']}: " + "; ".join(problems) + " (regenerate: requirements/gpu.in's header)"
 
 
 def test_the_lock_check_catches_a_missing_and_an_out_of_range_pin(tmp_path):
-    """The check above can fail: a lock without mathruler, and one pinning structlog below the range."""
+    """The check above can fail: the lock as it was on 2026-12-06 (no mathruler, pylatexenc or
+    wandb), and one pinning structlog below the trainer's range."""
     text = (ROOT / "requirements" / "gpu.lock").read_text()
-    lock_path = tmp_path / "gpu.lock"
-    lock_path.write_text(re.sub(r"(?m)^mathruler==.*\n(    # via.*\n)*", "", text).replace("structlog==", "structlog==23."))
-    lock = gpu_carry.read_lock(lock_path)
-    assert "mathruler" not in lock and "pylatexenc" in lock
-    assert not Requirement("structlog>=24.1").specifier.contains(lock["structlog"].version)
+    for name in ("mathruler", "pylatexenc", "wandb"):
+        text = re.sub(rf"(?m)^{name}==.*\n(    #.*\n)*", "", text)
+    (tmp_path / "gpu.lock").write_text(text.replace("\nstructlog==", "\nstructlog==23."))
+    trainer = _project(ROOT / "packages" / "trainer" / "pyproject.toml")
+    problems = _lock_problems(trainer, gpu_carry.read_lock(tmp_path / "gpu.lock"))
+    assert problems == [
+        "structlog>=24.1 is locked at 23.26.1.0, outside its range",
+        "mathruler>=0.1.0 is not in requirements/gpu.lock",
+        "pylatexenc>=2.10 is not in requirements/gpu.lock",
+        "wandb is not in requirements/gpu.lock",
+    ]
 
 
 def test_the_carry_accounts_for_every_locked_package_once():

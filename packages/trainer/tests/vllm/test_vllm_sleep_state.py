@@ -146,3 +146,26 @@ def test_a_worker_restores_dropped_weights_from_the_policy_before_it_generates()
     del calls[:]
     worker.rollout_wake()
     assert calls == [("wake_up", ("kv_cache",))]
+
+
+def test_shutdown_wakes_a_sleeping_engine_before_its_frees():
+    """Sleep unmaps the engine's memory; the engine's shutdown frees those tensors, and the
+    driver refuses to unmap them a second time (`CUDA Error: invalid argument` from vLLM's cumem
+    allocator after every GPU run's last step). So a sleeping engine is woken, then shut down;
+    an awake one is shut down as it is."""
+    class Core:
+        def __init__(self, calls: list) -> None:
+            self.calls = calls
+
+        def shutdown(self) -> None:
+            self.calls.append(("core_shutdown",))
+
+    engine = _engine(level=2)
+    engine.llm.llm_engine = type("Engine", (), {"engine_core": Core(engine.llm.calls)})()
+    engine.sleep()
+    engine.shutdown()
+    assert engine.llm.calls == [("sleep", 2), ("wake_up", ("kv_cache", "weights")), ("core_shutdown",)]
+    assert not engine.asleep_tags
+    engine.llm.calls.clear()
+    engine.shutdown()
+    assert engine.llm.calls == [("core_shutdown",)]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -51,6 +55,22 @@ def test_file_round_trip_is_exact_and_survives_the_writer_deleting_the_file(tmp_
     with pytest.raises(FileExistsError):  # never writes into a file another sync may be reading
         write_bucket_file(bucket, tmp_path / "taken.bin")
         write_bucket_file(bucket, tmp_path / "taken.bin")
+
+
+def test_a_bucket_file_is_owner_only_whatever_the_umask(tmp_path):
+    """Bucket files in /dev/shm hold the policy's weights while a sync runs: mode 0600 even
+    under a umask of 0 (an open() with the default mode gave 0666 there: readable by every
+    local user)."""
+    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    path = folder / f"grpo-test-bucket-{os.getpid()}.bin"
+    previous = os.umask(0)
+    try:
+        write_bucket_file(_tensors(), path)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert torch.equal(read_bucket_file(pack_bucket(_tensors())[0], str(path))[0][1], _tensors()[0][1])
+    finally:
+        os.umask(previous)
+        path.unlink(missing_ok=True)
 
 
 def test_buckets_respect_the_size_and_keep_order():

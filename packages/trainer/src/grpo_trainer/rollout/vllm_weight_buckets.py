@@ -9,6 +9,7 @@ shared memory is available, as `bytes` inside vLLM's RPC message (`pack_bucket` 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -19,6 +20,8 @@ TensorMeta = tuple[str, str, list[int], int, int]
 
 # Each tensor starts at a multiple of this, so a byte slice can be viewed as any dtype.
 ALIGN_BYTES = 16
+# A bucket file's mode: the owner reads and writes (the umask can only narrow it).
+OWNER_ONLY = 0o600
 
 
 def iter_buckets(
@@ -68,10 +71,11 @@ def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta
 
 def write_bucket_file(bucket: list[tuple[str, torch.Tensor]], path: Path) -> list[TensorMeta]:
     """Write a bucket into a new file at `path` (meant for a shared-memory filesystem such as
-    /dev/shm). Plain `write` calls, not a writable mapping: faster on tmpfs, and a full
-    filesystem raises OSError instead of killing the process."""
+    /dev/shm), readable and writable by its owner only whatever the umask: the policy's weights
+    are not for other local users. Plain `write` calls, not a writable mapping: faster on tmpfs,
+    and a full filesystem raises OSError instead of killing the process."""
     meta, total = bucket_layout(bucket)
-    with open(path, "xb") as handle:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, OWNER_ONLY), "wb") as handle:
         for (_, tensor), (_, _, _, start, nbytes) in zip(bucket, meta, strict=True):
             if nbytes:
                 handle.seek(start)
