@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import grpo_config
 from grpo_config import load, to_dict
 from grpo_config.reference import default_output, main, render_defaults
 
@@ -27,7 +28,14 @@ def test_defaults_file_loads_to_the_default_config() -> None:
 
 
 def test_generator_check_and_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert default_output() == DEFAULTS
+    """From a source checkout the generator defaults to the checked-in file; from an installed
+    wheel (hatch's pkg-config env) there is none, and it asks for --output."""
+    from_source = Path(grpo_config.__file__).resolve().is_relative_to(DEFAULTS.parent / "src")
+    assert default_output() == (DEFAULTS if from_source else None)
+    if not from_source:
+        with pytest.raises(SystemExit):
+            main(["--check"])
+        assert "pass --output PATH" in capsys.readouterr().err
     target = tmp_path / "defaults.yaml"
     target.write_text("stale: true\n")
     assert main(["--check", "--output", str(target)]) == 1
