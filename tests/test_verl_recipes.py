@@ -181,3 +181,30 @@ def test_an_algorithm_recipe_maps_as_a_whole_and_only_the_legacy_tis_key_is_refu
     # One unmappable line does not make the others be judged alone.
     odd = convert(["data.gen_batch_size=24", "algorithm.filter_groups.enable=True", "algorithm.adv_estimator=gae"])
     assert [line for line, _ in odd.refused] == ["algorithm.adv_estimator=gae"]
+
+
+def test_values_inside_a_mapping_setting_reach_the_yaml_as_hydra_gives_them() -> None:
+    """A dotted override into an untyped mapping (`rollout.engine_kwargs`) carries the value Hydra
+    would give: verl's flagship Qwen3.5-397B script sets a quoted cudagraph mode there, which once
+    reached the YAML writer as override text it could not represent (a 20-line traceback, exit 1)."""
+    conversion = convert([
+        '+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY',
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=256",
+        '+actor_rollout_ref.rollout.engine_kwargs.vllm.tag="512"',
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.sizes=[1, 2]",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.off=null",
+    ])
+    assert not conversion.refused
+    assert yaml.safe_load(conversion.to_yaml())["rollout"]["engine_kwargs"] == {
+        "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
+        "max_num_seqs": 256,
+        "tag": "512",
+        "sizes": [1, 2],
+        "off": None,
+    }
+    broken = convert(["+actor_rollout_ref.rollout.engine_kwargs.vllm.sizes=[1, 2"])
+    assert [reason for _, reason in broken.refused] == [
+        "Config key 'rollout.engine_kwargs.sizes' has value '[1, 2', which is not valid YAML (expected ',' or "
+        "']', but got '<stream end>'); it expects any value, e.g. '[a, b]' for a list or '{k: v}' for a mapping. "
+        "(It was given as 'actor_rollout_ref.rollout.engine_kwargs.vllm.sizes'.)"
+    ]

@@ -83,7 +83,7 @@ def coerce(value: Any, tp: Any, *, path: str, build_section: BuildSection) -> An
     """Return `value` converted to type `tp`, or raise ConfigError naming `path`."""
     origin = typing.get_origin(tp)
     if tp is Any:
-        return yaml.safe_load(value) if isinstance(value, OverrideText) else value
+        return _untyped(value, path)
     if origin in (Union, types.UnionType):
         return _coerce_union(value, tp, path=path, build_section=build_section)
     if origin is Literal:
@@ -110,6 +110,18 @@ def coerce(value: Any, tp: Any, *, path: str, build_section: BuildSection) -> An
             return str(value)
         raise _wrong_type(value, tp, path, " Quote it in YAML to make it a string.")
     raise AssertionError(f"grpo_config: unsupported field type {tp!r} at {path}")
+
+
+def _untyped(value: Any, path: str) -> Any:
+    """An untyped value as Hydra gives it: override text parsed as YAML, also where a dotted
+    override put it inside a mapping (`engine_kwargs.vllm.x=8` gives the int 8, not the text)."""
+    if isinstance(value, OverrideText):
+        return _parse_yaml_text(value, Any, path)
+    if isinstance(value, Mapping):
+        return {key: _untyped(item, f"{path}.{key}") for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_untyped(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    return value
 
 
 def _coerce_union(value: Any, tp: Any, *, path: str, build_section: BuildSection) -> Any:
