@@ -208,3 +208,29 @@ def test_values_inside_a_mapping_setting_reach_the_yaml_as_hydra_gives_them() ->
         "']', but got '<stream end>'); it expects any value, e.g. '[a, b]' for a list or '{k: v}' for a mapping. "
         "(It was given as 'actor_rollout_ref.rollout.engine_kwargs.vllm.sizes'.)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("lines", "config_name", "decided_by"),
+    [
+        # model_engine in a trailing array, after the Megatron keys it decides
+        (["actor_rollout_ref.actor.megatron.param_offload=True", "model_engine=megatron"], None, "model_engine=megatron"),
+        (["actor_rollout_ref.actor.megatron.param_offload=True"], "ppo_megatron_trainer.yaml", "--config-name=ppo_megatron_trainer.yaml"),
+        (["actor_rollout_ref.actor.megatron.param_offload=True"], None, "verl's Megatron keys"),
+        (["actor_rollout_ref.actor.megatron.param_offload=True", "actor_rollout_ref.actor.strategy=megatron"], "ppo_trainer", "actor_rollout_ref.actor.strategy=megatron"),
+    ],
+)
+def test_the_backend_is_decided_from_the_whole_call_whatever_the_order(lines, config_name, decided_by) -> None:
+    """verl picks its engine from the whole command line: the Megatron lines before the line that
+    selects Megatron are mapped, not refused as torch-backend settings, and the summary says why."""
+    conversion = convert(lines, config_name=config_name)
+    assert not conversion.refused
+    assert conversion.settings["actor"]["backend"] == "megatron"
+    assert conversion.settings["actor"]["megatron"] == {"param_offload": True}
+    assert conversion.engines == f"backend megatron ({decided_by}), rollout vllm, algorithm grpo"
+
+
+def test_without_a_megatron_signal_the_backend_is_verls_default() -> None:
+    conversion = convert(["actor_rollout_ref.rollout.name=vllm", "algorithm.adv_estimator=rloo"], config_name="ppo_trainer")
+    assert conversion.engines == "backend torch (verl's default config), rollout vllm, algorithm rloo"
+    assert not conversion.inferred

@@ -44,6 +44,7 @@ class Conversion:
     problems: str | None = None  # why the accepted settings do not load together, if they do not
     inferred: list[str] = field(default_factory=list)  # overrides added, not written by the user
     inert: list[tuple[str, str]] = field(default_factory=list)  # (override, why it does nothing) as in verl
+    engines: str = ""  # the backend (and what decided it), rollout engine and algorithm of the whole call
 
     def to_yaml(self) -> str:
         text = yaml.safe_dump(self.settings, sort_keys=False, default_flow_style=False, allow_unicode=True)
@@ -140,25 +141,42 @@ def last_of_each_key(overrides: Iterable[str]) -> list[str]:
     return list(last.values())
 
 
-def convert(overrides: Iterable[str]) -> Conversion:
-    """Map each verl override on its own (a refused one is left out with its reason), then the
-    accepted ones together into typed, nested grpo settings. verl's Megatron keys mean verl's
-    Megatron trainer config, so they imply `actor.backend=megatron` unless the strategy is given."""
-    lines = last_of_each_key(overrides)
+def backend_choice(lines: Sequence[str], config_name: str | None = None) -> tuple[str | None, str]:
+    """verl's engine for the whole command line, whatever the order of its lines, and what decided
+    it: the last `actor_rollout_ref.actor.strategy` / `model_engine` given, else the Hydra config
+    (`--config-name=ppo_megatron_trainer`), else verl's Megatron keys (those of its Megatron trainer
+    config), else None (verl's default config: FSDP, grpo's torch backend)."""
+    for line in reversed(lines):
+        key, _, value = line.partition("=")
+        if key.strip().lstrip("+") in (_STRATEGY, MODEL_ENGINE_KEY):
+            return value.strip().strip("'\""), line
+    if config_name and "megatron" in Path(config_name).stem:
+        return "megatron", f"--config-name={config_name}"
     keys = [line.partition("=")[0].strip().lstrip("+") for line in lines]
-    inferred = []
-    if any(k.startswith(_MEGATRON_KEYS) for k in keys) and not {_STRATEGY, MODEL_ENGINE_KEY} & set(keys):
-        inferred.append(f"{_STRATEGY}=megatron")
+    if any(k.startswith(_MEGATRON_KEYS) for k in keys):
+        return "megatron", "verl's Megatron keys"
+    return None, "verl's default config"
+
+
+def convert(overrides: Iterable[str], *, config_name: str | None = None) -> Conversion:
+    """Map each verl override (a refused one is left out with its reason), then the accepted ones
+    together into typed, nested grpo settings. Each line is judged beside the engine verl picks
+    for the whole command line (`backend_choice`): a Megatron config name or Megatron keys without
+    an explicit strategy add `actor.strategy=megatron`."""
+    lines = last_of_each_key(overrides)
+    backend, decided_by = backend_choice(lines, config_name)
+    inferred = [] if backend is None or decided_by in lines else [f"{_STRATEGY}=megatron"]
+    base = inferred + ([decided_by] if decided_by in lines else [])  # every line's context
     lines = inferred + lines
     # Lines that build on their own are each other's context; a line that does not is refused alone.
-    candidates = [line for line in lines if _problems([*inferred, line]) is not None]
+    candidates = [line for line in lines if _problems([*base, line]) is not None]
     refused: dict[str, str] = {}
     while True:
         newly = {}
         for line in candidates:
             # The other candidates, less those setting the same key (each is judged as if it set it).
             others = [o for o in candidates if o is not line and not _grpo_keys(o) & _grpo_keys(line)]
-            reason = _why_refused(line, [*inferred, *others] if _problems(others) is not None else inferred)
+            reason = _why_refused(line, [*base, *others] if _problems(others) is not None else base)
             if reason is not None:
                 newly[line] = reason
         if not newly:
@@ -167,7 +185,7 @@ def convert(overrides: Iterable[str]) -> Conversion:
         candidates = [line for line in candidates if line not in newly]
     for line in lines:
         if line not in candidates and line not in refused:
-            refused[line] = _why_refused(line, inferred) or "does not load beside the other settings"
+            refused[line] = _why_refused(line, base) or "does not load beside the other settings"
     accepted = [line for line in lines if line in candidates]
     refused_in_order = [(line, refused[line]) for line in lines if line in refused]
     # Lines that load but do nothing (their switch is off): listed, not written as settings.
@@ -208,6 +226,8 @@ def convert(overrides: Iterable[str]) -> Conversion:
         problems=problems,
         inferred=inferred,
         inert=inert,
+        engines=f"backend {cfg.actor.backend} ({decided_by}), rollout {cfg.rollout.engine}, "
+        f"algorithm {cfg.algorithm.adv_estimator}",
     )
 
 
@@ -269,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"from-verl: cannot read {args.script}: {exc}", file=sys.stderr)
         return 2
     if is_override_file(text):
-        overrides = overrides_from_script(text)
+        overrides, config_name = overrides_from_script(text), None
     else:
         bad = [e for e in args.env if "=" not in e]
         if bad:
@@ -283,21 +303,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             print(f"from-verl: {exc}", file=sys.stderr)
             return 2
-        overrides = call.overrides
+        overrides, config_name = call.overrides, call.config_name
         for probe in call.probes:
             print(f"note: the script probed the machine with `{probe}`: not run here, answered as failing; "
                   "set what it decides with --env (e.g. --env DEVICE=npu)", file=sys.stderr)
-    conversion = convert(overrides)
+    conversion = convert(overrides, config_name=config_name)
     sys.stdout.write(conversion.to_yaml())
     for line in conversion.inferred:
-        print(f"added: {line} (verl's Megatron keys are those of its Megatron trainer)", file=sys.stderr)
+        print(f"added: {line} (verl's engine for this call: {conversion.engines})", file=sys.stderr)
     for line, reason in conversion.refused:
         print(f"refused: {line}\n  {reason}", file=sys.stderr)
     for line, why in conversion.inert:
         print(f"ignored: {line}\n  sets nothing here: {why}", file=sys.stderr)
     print(
-        f"from-verl: {len(conversion.accepted) - len(conversion.inferred)} lines mapped, "
-        f"{len(conversion.inert)} inert, {len(conversion.refused)} refused",
+        f"from-verl: {conversion.engines}; {len(conversion.accepted) - len(conversion.inferred)} lines "
+        f"mapped, {len(conversion.inert)} inert, {len(conversion.refused)} refused",
         file=sys.stderr,
     )
     if conversion.problems:

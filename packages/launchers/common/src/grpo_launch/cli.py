@@ -201,7 +201,7 @@ def verl_script_overrides(script: Path) -> list[str]:
     overrides = call.overrides
     # Each line is judged many times; its warnings (a deprecated key) come once from the plan's own load.
     with capture_logs():
-        conversion = convert(overrides)
+        conversion = convert(overrides, config_name=call.config_name)
     if conversion.refused:
         keys = ", ".join(line for line, _ in conversion.refused)
         raise ValueError(
