@@ -124,7 +124,7 @@ def test_a_verl_script_is_read_with_its_shell_variables(tmp_path: Path, monkeypa
         check=False,
         env={**os.environ, "HOME": "/home/u"},
     )
-    assert proc.returncode == 1  # TP=2 on the default single device: reported, YAML still written
+    assert proc.returncode == 2  # TP=2 on the default single device: reported, YAML still written
     settings = yaml.safe_load(proc.stdout)
     assert settings["parallel"] == {"tp": 2} and settings["data"] == {"train_batch_size": 32}
     assert settings["logging"] == {"console": True, "tensorboard": False, "wandb": False}

@@ -3,7 +3,8 @@
 `hatch run from-verl run_qwen3_5.sh > run.yaml` reads a verl launch script as bash runs it (with
 stand-ins for the commands that would start work: `verl_script.py`), taking the overrides of its
 trainer call, or a file of one `key=value` per line. The YAML holds what maps onto grpo settings, typed; each refused
-line goes to stderr with its reason. Exit status 0 when the YAML loads as it is, 1 otherwise.
+line goes to stderr with its reason. Exit status 0 when the YAML loads as it is, 2 otherwise (the
+YAML is still written: the settings that conflict are named) or when the script cannot be read.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
 _VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)(?::?[-=]([^}]*))?\}|\$([A-Za-z_]\w*)")
 _ENTRY_POINT = "main_ppo"
 _STRATEGY = "actor_rollout_ref.actor.strategy"
+_INTERPOLATION = re.compile(r"\$\{[^}]*\}")  # Hydra's ${other.key} / ${oc.env:VAR} (bash left it)
 _MEGATRON_KEYS = ("actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.")
 
 
@@ -164,6 +166,8 @@ def convert(overrides: Iterable[str], *, config_name: str | None = None) -> Conv
     for the whole command line (`backend_choice`): a Megatron config name or Megatron keys without
     an explicit strategy add `actor.strategy=megatron`."""
     lines = last_of_each_key(overrides)
+    interpolated = [line for line in lines if _INTERPOLATION.search(line.partition("=")[2])]
+    lines = [line for line in lines if line not in interpolated]
     backend, decided_by = backend_choice(lines, config_name)
     inferred = [] if backend is None or decided_by in lines else [f"{_STRATEGY}=megatron"]
     base = inferred + ([decided_by] if decided_by in lines else [])  # every line's context
@@ -187,7 +191,10 @@ def convert(overrides: Iterable[str], *, config_name: str | None = None) -> Conv
         if line not in candidates and line not in refused:
             refused[line] = _why_refused(line, base) or "does not load beside the other settings"
     accepted = [line for line in lines if line in candidates]
-    refused_in_order = [(line, refused[line]) for line in lines if line in refused]
+    refused_in_order = [(line, refused[line]) for line in lines if line in refused] + [
+        (line, "a Hydra interpolation: verl resolves it against its own config when it starts, grpo does not; "
+         "write the value itself") for line in interpolated
+    ]
     # Lines that load but do nothing (their switch is off): listed, not written as settings.
     why_inert = {
         text.partition("=")[0]: why for texts, why in inert_settings(build(collect({}, accepted))) for text in texts
@@ -321,8 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
     )
     if conversion.problems:
-        print(f"from-verl: the mapped settings do not load together yet: {conversion.problems}", file=sys.stderr)
-        return 1
+        print(f"from-verl: the YAML is written, but its settings do not load together yet: {conversion.problems}",
+              file=sys.stderr)
+        return 2
     return 0
 
 
