@@ -254,3 +254,55 @@ def test_verl_s_qwen3_5_seed_scripts_launch_as_they_are(script: str, launcher: s
     assert cfg["rollout"]["n"] == int(given["actor_rollout_ref.rollout.n"])
     assert cfg["actor"]["backend"] == "megatron" and cfg["logging"]["wandb"] is True
     assert "config.ignored" in done.stderr and "probe_answered_failing" in done.stderr
+
+
+def test_a_preamble_for_the_authors_machine_is_forgiven_and_required_variables_listed(
+    tmp_path: Path, capsys, entry_point_logging
+) -> None:
+    """What only the author's machine has does not hide the trainer call: `cd` into their folders,
+    a virtualenv's activate, `sed -i` on their files (forgiven, each said), a variable the script
+    requires (`${VAR:?}` under `set -u`: a placeholder, listed on the summary), the call wrapped in
+    `ray job submit ... --` inside a branch for the head node."""
+    script = tmp_path / "train.sh"
+    script.write_text(textwrap.dedent("""\
+        #!/bin/bash
+        set -euo pipefail
+        cd /home/author/projects/rl
+        source .venv/bin/activate
+        MODEL_PATH=${MODEL_PATH:?must be set}
+        sed -i 's/a/b/' /home/author/patch.py
+        if [ "${RANK:-0}" == "0" ]; then
+          ray job submit --address=http://head:8265 -- python3 -m verl.trainer.main_ppo \\
+            algorithm.adv_estimator=grpo actor_rollout_ref.model.path=$MODEL_PATH trainer.total_epochs=1
+        fi
+        """))
+    call = read_trainer_call(script, env={})
+    assert call.overrides == [
+        "algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=<MODEL_PATH>", "trainer.total_epochs=1",
+    ]
+    assert call.placeholders == ["MODEL_PATH"] and not call.static
+    assert call.forgiven == [
+        "cd /home/author/projects/rl", "source .venv/bin/activate", "sed -i s/a/b/ /home/author/patch.py",
+    ]
+    assert main([str(script)]) == 0
+    err = capsys.readouterr().err
+    assert "set: MODEL_PATH (placeholders <NAME> here; --env NAME=VALUE)" in err
+    assert "`source .venv/bin/activate` needs the author's machine: skipped here" in err
+    assert read_trainer_call(script, env={"MODEL_PATH": "/m"}).overrides[1] == "actor_rollout_ref.model.path=/m"
+
+
+def test_a_call_bash_never_reaches_is_read_from_the_text_and_said(tmp_path: Path, capsys, entry_point_logging) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "MODEL=Qwen/Qwen3-8B\n"
+        'if [ "$(hostname)" == "head-node-7" ]; then\n'
+        "  python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.model.path=$MODEL "
+        "trainer.total_epochs=${EPOCHS:-2}\n"
+        "fi\n"
+    )
+    call = read_trainer_call(script, env={})
+    assert call.static and call.overrides == [
+        "algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=Qwen/Qwen3-8B", "trainer.total_epochs=2",
+    ]
+    assert main([str(script)]) == 0
+    assert "read from the script's text: bash never reached the trainer call" in capsys.readouterr().err

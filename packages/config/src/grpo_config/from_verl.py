@@ -10,9 +10,7 @@ YAML is still written: the settings that conflict are named) or when the script 
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,10 +25,8 @@ from grpo_config.loader import build
 from grpo_config.serialize import to_dict
 from grpo_config.sources import collect
 from grpo_config.validate import inert_settings, validate, value_problems
+from grpo_config.verl_script import overrides_from_script
 
-_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
-_VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)(?::?[-=]([^}]*))?\}|\$([A-Za-z_]\w*)")
-_ENTRY_POINT = "main_ppo"
 _STRATEGY = "actor_rollout_ref.actor.strategy"
 _INTERPOLATION = re.compile(r"\$\{[^}]*\}")  # Hydra's ${other.key} / ${oc.env:VAR} (bash left it)
 _MEGATRON_KEYS = ("actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.")
@@ -54,38 +50,6 @@ class Conversion:
             text += "# Ignored: these set nothing here (their switch is off, as in verl, or they restate what grpo does):\n"
             text += "".join(f"#   {line}  ({why})\n" for line, why in self.inert)
         return text
-
-
-def _expand(text: str, variables: Mapping[str, str]) -> str:
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(3)
-        if name in variables:
-            return variables[name]
-        if name in os.environ:  # what the script would see when run here
-            return os.environ[name]
-        default = match.group(2)
-        return _expand(default, variables) if default is not None else match.group(0)
-
-    return _VARIABLE.sub(value, text)
-
-
-def overrides_from_script(text: str) -> list[str]:
-    """The `key=value` overrides of a verl launch script, or of a file of one override per line."""
-    if _ENTRY_POINT not in text:
-        return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    variables: dict[str, str] = {}
-    for line in re.sub(r"\\\n", " ", text).splitlines():
-        stripped = line.strip()
-        assignment = _ASSIGNMENT.match(stripped)
-        if assignment and _ENTRY_POINT not in stripped:
-            words = shlex.split(_expand(assignment.group(2), variables), comments=True) or [""]
-            variables[assignment.group(1)] = words[0]
-            continue
-        if _ENTRY_POINT in stripped:
-            tokens = shlex.split(_expand(stripped, variables), comments=True)
-            start = next(i for i, token in enumerate(tokens) if _ENTRY_POINT in token) + 1
-            return [t for t in tokens[start:] if "=" in t and not t.startswith("-")]
-    return []
 
 
 def _lookup(nested: Mapping[str, Any], dotted: str) -> Any:
@@ -295,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"from-verl: cannot read {args.script}: {exc}", file=sys.stderr)
         return 2
+    reading = ""  # how the call was found, when not simply as bash ran it
     if is_override_file(text):
         overrides, config_name = overrides_from_script(text), None
     else:
@@ -314,6 +279,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for probe in call.probes:
             print(f"note: the script probed the machine with `{probe}`: not run here, answered as failing; "
                   "set what it decides with --env (e.g. --env DEVICE=npu)", file=sys.stderr)
+        for forgiven in call.forgiven:
+            print(f"note: `{forgiven}` needs the author's machine: skipped here", file=sys.stderr)
+        reading = "".join([
+            f"; set: {', '.join(call.placeholders)} (placeholders <NAME> here; --env NAME=VALUE)"
+            if call.placeholders else "",
+            "; read from the script's text: bash never reached the trainer call" if call.static else "",
+        ])
     conversion = convert(overrides, config_name=config_name)
     sys.stdout.write(conversion.to_yaml())
     for line in conversion.inferred:
@@ -324,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ignored: {line}\n  sets nothing here: {why}", file=sys.stderr)
     print(
         f"from-verl: {conversion.engines}; {len(conversion.accepted) - len(conversion.inferred)} lines "
-        f"mapped, {len(conversion.inert)} inert, {len(conversion.refused)} refused",
+        f"mapped, {len(conversion.inert)} inert, {len(conversion.refused)} refused{reading}",
         file=sys.stderr,
     )
     if conversion.problems:

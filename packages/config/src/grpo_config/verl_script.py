@@ -41,6 +41,25 @@ exit 0
 """
 
 
+# Read by bash before the script (BASH_ENV): what only the author's machine has is forgiven and
+# noted instead of stopping the script (`set -e`): `cd` into a missing folder, `source` / `.` of a
+# missing file (a virtualenv's activate), `sed -i` on a missing file.
+_PRELUDE = """
+_grpo_note() { printf '%s\\n' "$*" >> "$GRPO_VERL_NOTES"; }
+cd() { builtin cd "$@" 2>/dev/null || _grpo_note "cd $*"; return 0; }
+source() { if [ -r "${1-}" ]; then builtin source "$@"; else _grpo_note "source $*"; fi; }
+.() { if [ -r "${1-}" ]; then builtin source "$@"; else _grpo_note ". $*"; fi; }
+sed() {
+  local a; for a in "$@"; do case "$a" in -i*|--in-place*) _grpo_note "sed $*"; return 0 ;; esac; done
+  command sed "$@"
+}
+"""
+# bash's complaint about a variable the script requires: `NAME: unbound variable` (`set -u`) or
+# `NAME: <message>` (`${NAME:?message}`); such a variable gets a placeholder and the script runs again.
+_REQUIRED = re.compile(r"line \d+: ([A-Za-z_]\w*): (?:unbound variable|parameter null or not set|.+)$", re.M)
+MAX_PLACEHOLDER_ROUNDS = 8
+
+
 class ScriptError(ValueError):
     """The script could not be read as a verl launch (no trainer call, bash failed, timed out)."""
 
@@ -56,6 +75,12 @@ class TrainerCall:
     command: list[str] = field(default_factory=list)
     # `python -c CODE` commands the script ran to probe the machine, answered as failing.
     probes: list[str] = field(default_factory=list)
+    # Variables the script requires that were given placeholders (`<NAME>`): the user sets them.
+    placeholders: list[str] = field(default_factory=list)
+    # What the prelude forgave (`cd /home/me/proj`, `source .venv/bin/activate`, `sed -i ...`).
+    forgiven: list[str] = field(default_factory=list)
+    # True when bash never reached the call and it was read from the script's text instead.
+    static: bool = False
 
 
 def run_script(
@@ -63,6 +88,14 @@ def run_script(
 ) -> tuple[list[list[str]], str]:
     """Run `script` under bash with the stand-ins; every recorded call (command name first) and the
     script's combined output."""
+    calls, output, _ = _run(script, env=env, timeout_s=timeout_s)
+    return calls, output
+
+
+def _run(
+    script: Path, *, env: Mapping[str, str] | None, timeout_s: float
+) -> tuple[list[list[str]], str, list[str]]:
+    """`run_script`, and what the prelude forgave."""
     bash = shutil.which("bash")
     if bash is None:
         raise ScriptError("bash is not on PATH: from-verl runs the script under bash to resolve it")
@@ -75,9 +108,15 @@ def run_script(
             recorder.chmod(0o755)
         record = Path(scratch) / "calls"
         record.touch()
+        notes = Path(scratch) / "forgiven"
+        notes.touch()
+        prelude = Path(scratch) / "prelude.sh"
+        prelude.write_text(_PRELUDE)
         environ = {**os.environ, **(env or {})}
         environ["PATH"] = f"{bin_dir}{os.pathsep}{environ.get('PATH', '')}"
         environ["GRPO_VERL_RECORD"] = str(record)
+        environ["GRPO_VERL_NOTES"] = str(notes)
+        environ["BASH_ENV"] = str(prelude)
         work = Path(scratch) / "work"
         work.mkdir()
         try:
@@ -96,8 +135,9 @@ def run_script(
                 "for a cluster?); raise --timeout or pass the overrides as a file of key=value lines"
             ) from None
         calls = _parse_record(record.read_bytes())
+        forgiven = [line for line in notes.read_text(errors="replace").splitlines() if line]
     output = (done.stdout + done.stderr).decode(errors="replace")
-    return calls, output
+    return calls, output, forgiven
 
 
 def _parse_record(data: bytes) -> list[list[str]]:
@@ -148,10 +188,28 @@ def _entry(args: list[str]) -> int | None:
 
 
 def read_trainer_call(script: Path, *, env: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> TrainerCall:
-    """The verl trainer call `script` makes, or ScriptError saying why there is none."""
-    calls, output = run_script(script, env=env, timeout_s=timeout_s)
-    call = trainer_call(calls)
+    """The verl trainer call `script` makes, or ScriptError saying why there is none. A variable the
+    script requires and nobody set gets a placeholder (`<NAME>`) and the script runs again; where
+    bash still never reaches the call (a branch for another machine), it is read from the text."""
+    given = dict(env or {})
+    placeholders: list[str] = []
+    first_output = None
+    for _ in range(MAX_PLACEHOLDER_ROUNDS):
+        calls, output, forgiven = _run(script, env=given, timeout_s=timeout_s)
+        first_output = first_output if first_output is not None else output
+        call = trainer_call(calls)
+        missing = [n for n in dict.fromkeys(_REQUIRED.findall(output)) if n not in given and n not in os.environ]
+        if call is not None or not missing:
+            break
+        placeholders += missing
+        given.update({name: f"<{name}>" for name in missing})
+    static = False
     if call is None:
+        overrides = overrides_from_script(Path(script).read_text(errors="replace"), env=given)
+        if _ENTRY_POINT_TEXT.search(Path(script).read_text(errors="replace")) and overrides:
+            call, static = TrainerCall(entry_point="(read from the script's text)", overrides=overrides), True
+    if call is None:
+        output = first_output or output
         commands = sorted({c[0] for c in calls})
         tail = " | ".join(line for line in output.strip().splitlines()[-3:])
         raise ScriptError(
@@ -161,4 +219,47 @@ def read_trainer_call(script: Path, *, env: Mapping[str, str] | None = None, tim
             + "). Set the variables it needs with --env KEY=VALUE, or pass its overrides as a file of key=value lines."
         )
     probes = [shlex.join(c) for c in calls if c[0].startswith("python") and len(c) > 1 and c[1] == "-c"]
-    return dataclasses.replace(call, probes=probes)
+    return dataclasses.replace(call, probes=probes, placeholders=placeholders, forgiven=forgiven, static=static)
+
+
+_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
+_VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)(?:(:?[-=?])([^}]*))?\}|\$([A-Za-z_]\w*)")
+_ENTRY_POINT_TEXT = re.compile(r"verl\.trainer\.main_\w+|recipe\.[\w.]+\.main_\w+|main_\w+\.py")
+
+
+def _expand(text: str, variables: Mapping[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(4)
+        if name in variables:
+            return variables[name]
+        if name in os.environ:  # what the script would see when run here
+            return os.environ[name]
+        operator, default = match.group(2), match.group(3)
+        if operator in (":-", "-", ":=", "="):
+            return _expand(default, variables)
+        return match.group(0)
+
+    return _VARIABLE.sub(value, text)
+
+
+def overrides_from_script(text: str, *, env: Mapping[str, str] | None = None) -> list[str]:
+    """The `key=value` overrides of a verl launch script read from its text, without running it
+    (plain assignments and `${VAR:-default}` only), or those of a file of one override per line."""
+    if not _ENTRY_POINT_TEXT.search(text):
+        return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    variables: dict[str, str] = dict(env or {})
+    for line in re.sub(r"\\\n", " ", text).splitlines():
+        stripped = line.strip()
+        assignment = _ASSIGNMENT.match(stripped)
+        on_call = _ENTRY_POINT_TEXT.search(stripped)
+        try:
+            if assignment and not on_call:
+                words = shlex.split(_expand(assignment.group(2), variables), comments=True) or [""]
+                variables[assignment.group(1)] = words[0]
+            elif on_call:
+                tokens = shlex.split(_expand(stripped, variables), comments=True)
+                start = next(i for i, token in enumerate(tokens) if _ENTRY_POINT_TEXT.search(token)) + 1
+                return [t for t in tokens[start:] if "=" in t and not t.startswith("-")]
+        except ValueError:  # an unbalanced quote: not something this reader can take
+            continue
+    return []

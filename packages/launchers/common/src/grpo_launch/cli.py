@@ -196,8 +196,17 @@ def verl_script_overrides(script: Path) -> list[str]:
     from grpo_config.verl_script import read_trainer_call
 
     call = read_trainer_call(script, env={}, timeout_s=60.0)
+    if call.placeholders:  # from-verl writes a YAML with <NAME> in them; a launch would use them
+        raise ValueError(
+            f"--from-verl {script}: the script requires {', '.join(call.placeholders)}, which are not set: "
+            "export them and launch again"
+        )
     for probe in call.probes:  # e.g. `python3 -c 'import torch_npu'` choosing DEVICE
         log.warning("from_verl.probe_answered_failing", script=str(script), probe=probe, hint="export what it decides")
+    for forgiven in call.forgiven:
+        log.warning("from_verl.skipped_for_the_authors_machine", script=str(script), command=forgiven)
+    if call.static:
+        log.warning("from_verl.read_from_text", script=str(script), reason="bash never reached the trainer call")
     overrides = call.overrides
     # Each line is judged many times; its warnings (a deprecated key) come once from the plan's own load.
     with capture_logs():
