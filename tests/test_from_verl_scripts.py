@@ -306,3 +306,19 @@ def test_a_call_bash_never_reaches_is_read_from_the_text_and_said(tmp_path: Path
     ]
     assert main([str(script)]) == 0
     assert "read from the script's text: bash never reached the trainer call" in capsys.readouterr().err
+
+
+def test_a_projects_own_entry_point_built_on_verls_config_is_the_trainer_call(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "python3 -m myproject.prepare --out /data\n"
+        "python3 -m myproject.trainer.main_grpo_agent data.train_batch_size=8 algorithm.adv_estimator=grpo "
+        "actor_rollout_ref.rollout.n=4 myproject.tools=calculator\n"
+        "python3 -m myproject.report --run latest\n"
+    )
+    call = read_trainer_call(script, env={})
+    assert call.entry_point == "myproject.trainer.main_grpo_agent" and not call.static
+    assert call.overrides == [
+        "data.train_batch_size=8", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
+        "myproject.tools=calculator",
+    ]

@@ -18,7 +18,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,13 +150,36 @@ def _parse_record(data: bytes) -> list[list[str]]:
     return calls
 
 
+# verl's config sections: a Python call that passes several of them is a trainer built on verl's
+# config (a project's own module wrapping verl's main).
+_VERL_SECTIONS = re.compile(r"^[+~]{0,2}(?:actor_rollout_ref|algorithm|data|trainer|critic|reward_model)\.")
+_WRAPPER_MIN_OVERRIDES = 3
+
+
 def trainer_call(calls: Sequence[Sequence[str]]) -> TrainerCall | None:
     """The last recorded call that starts a verl trainer (`-m verl.trainer.main_ppo`, a recipe's
-    main, or a `main_*.py` file), wherever it sits in the command (`ray job submit -- python3 -m ...`)."""
+    main, or a `main_*.py` file), wherever it sits in the command (`ray job submit -- python3 -m ...`);
+    failing that, the last Python call of a module or file that passes verl's config sections
+    (a project's own entry point built on verl)."""
+    return _trainer_call(calls, _entry) or _trainer_call(calls, _wrapper_entry)
+
+
+def _wrapper_entry(args: list[str]) -> int | None:
+    if not args[0].startswith("python") or sum(bool(_VERL_SECTIONS.match(a)) for a in args) < _WRAPPER_MIN_OVERRIDES:
+        return None
+    for i, arg in enumerate(args[1:], start=1):
+        if arg == "-m" and i + 1 < len(args):
+            return i + 1
+        if arg.endswith(".py"):
+            return i
+    return None
+
+
+def _trainer_call(calls: Sequence[Sequence[str]], find_entry: Callable[[list[str]], int | None]) -> TrainerCall | None:
     found = None
     for call in calls:
         args = list(call)
-        start = _entry(args)
+        start = find_entry(args)
         if start is None:
             continue
         entry, rest = args[start], args[start + 1 :]
