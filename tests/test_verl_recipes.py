@@ -234,3 +234,10 @@ def test_without_a_megatron_signal_the_backend_is_verls_default() -> None:
     conversion = convert(["actor_rollout_ref.rollout.name=vllm", "algorithm.adv_estimator=rloo"], config_name="ppo_trainer")
     assert conversion.engines == "backend torch (verl's default config), rollout vllm, algorithm rloo"
     assert not conversion.inferred
+
+
+def test_a_refused_backend_line_takes_no_other_line_with_it() -> None:
+    conversion = convert(["model_engine=fsdp", "data.train_batch_size=8"])
+    assert [line for line, _ in conversion.refused] == ["model_engine=fsdp"]
+    assert conversion.settings == {"data": {"train_batch_size": 8}}
+    assert conversion.engines == "backend torch (model_engine=fsdp, refused), rollout vllm, algorithm grpo"

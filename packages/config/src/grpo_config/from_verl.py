@@ -134,7 +134,8 @@ def convert(overrides: Iterable[str], *, config_name: str | None = None) -> Conv
     lines = [line for line in lines if line not in interpolated]
     backend, decided_by = backend_choice(lines, config_name)
     inferred = [] if backend is None or decided_by in lines else [f"{_STRATEGY}=megatron"]
-    base = inferred + ([decided_by] if decided_by in lines else [])  # every line's context
+    # every line's context: the line that decides the backend, when it holds on its own
+    base = inferred + ([decided_by] if decided_by in lines and _problems([decided_by]) is not None else [])
     lines = inferred + lines
     # Lines that build on their own are each other's context; a line that does not is refused alone.
     candidates = [line for line in lines if _problems([*base, line]) is not None]
@@ -197,7 +198,8 @@ def convert(overrides: Iterable[str], *, config_name: str | None = None) -> Conv
         problems=problems,
         inferred=inferred,
         inert=inert,
-        engines=f"backend {cfg.actor.backend} ({decided_by}), rollout {cfg.rollout.engine}, "
+        engines=f"backend {cfg.actor.backend} ({decided_by}{', refused' if decided_by in refused else ''}), "
+        f"rollout {cfg.rollout.engine}, "
         f"algorithm {cfg.algorithm.adv_estimator}",
     )
 
