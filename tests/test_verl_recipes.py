@@ -241,3 +241,19 @@ def test_a_refused_backend_line_takes_no_other_line_with_it() -> None:
     assert [line for line, _ in conversion.refused] == ["model_engine=fsdp"]
     assert conversion.settings == {"data": {"train_batch_size": 8}}
     assert conversion.engines == "backend torch (model_engine=fsdp, refused), rollout vllm, algorithm grpo"
+
+
+def test_a_reference_training_setting_equal_to_the_actors_is_inert_not_a_crash() -> None:
+    """verl's Qwen2-7B Megatron example sets gradient_accumulation_fusion for actor and ref; the
+    frozen reference has no such setting, and one equal to the actor's sets nothing (from-verl once
+    ended with a KeyError traceback there)."""
+    conversion = convert([
+        "actor_rollout_ref.actor.strategy=megatron",
+        "++actor_rollout_ref.actor.megatron.override_transformer_config.gradient_accumulation_fusion=False",
+        "++actor_rollout_ref.ref.megatron.override_transformer_config.gradient_accumulation_fusion=False",
+    ])
+    assert conversion.settings["actor"]["megatron"] == {"gradient_accumulation_fusion": False}
+    assert [line for line, _ in conversion.inert] == [
+        "++actor_rollout_ref.ref.megatron.override_transformer_config.gradient_accumulation_fusion=False"
+    ]
+    assert "ref" not in conversion.settings and not conversion.refused

@@ -118,6 +118,8 @@ def backend_choice(lines: Sequence[str], config_name: str | None = None) -> tupl
             return value.strip().strip("'\""), line
     if config_name and "megatron" in Path(config_name).stem:
         return "megatron", f"--config-name={config_name}"
+    if config_name and not Path(config_name).stem.endswith("_trainer"):
+        return None, f"--config-name={config_name}: a project's own config, not read"
     keys = [line.partition("=")[0].strip().lstrip("+") for line in lines]
     if any(k.startswith(_MEGATRON_KEYS) for k in keys):
         return "megatron", "verl's Megatron keys"
@@ -184,8 +186,17 @@ def convert(overrides: Iterable[str], *, config_name: str | None = None) -> Conv
     cfg = build(flat)
     typed = to_dict(cfg)
     settings: dict[str, Any] = {}
+    dropped = set()
     for key in flat.values:
-        _place(settings, key, _lookup(typed, key))
+        try:
+            _place(settings, key, _lookup(typed, key))
+        except KeyError:  # the build dropped it: a frozen reference's training setting equal to the actor's
+            dropped.add(key)
+    if dropped:
+        restating = [line for line in accepted if _grpo_keys(line) and _grpo_keys(line) <= dropped]
+        inert += [(line, "the reference model is frozen (no backward pass); this training setting equals the "
+                   "actor's, which is what the reference is built with") for line in restating]
+        accepted = [line for line in accepted if line not in restating]
     problems = None
     try:
         validate(cfg)
@@ -210,7 +221,9 @@ _OVERRIDE_LINE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.-]*(=\S.*|=)?$")
 def is_override_file(text: str) -> bool:
     """A file of one `key=value` per line (comments and blank lines aside), not a script."""
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    return bool(lines) and all(_OVERRIDE_LINE.match(line) and "=" in line for line in lines)
+    # `HYDRA_FULL_ERROR=1 python -m ...` is a command with a variable before it, not an override
+    commands = any(re.search(r"\s(?:python\d*(?:\.\d+)?|torchrun|ray|bash|srun)\s", f" {line} ") for line in lines)
+    return bool(lines) and not commands and all(_OVERRIDE_LINE.match(line) and "=" in line for line in lines)
 
 
 def script_overrides(path: Path, *, env: Mapping[str, str], timeout_s: float) -> list[str]:
@@ -279,14 +292,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         overrides, config_name = call.overrides, call.config_name
         for probe in call.probes:
-            print(f"note: the script probed the machine with `{probe}`: not run here, answered as failing; "
-                  "set what it decides with --env (e.g. --env DEVICE=npu)", file=sys.stderr)
+            print(f"note: the script probed the machine with `{probe}`: not run here, answered as failing "
+                  "(no output); set what it decides with --env (e.g. --env DEVICE=npu)", file=sys.stderr)
         for forgiven in call.forgiven:
             print(f"note: `{forgiven}` needs the author's machine: skipped here", file=sys.stderr)
         reading = "".join([
             f"; set: {', '.join(call.placeholders)} (placeholders <NAME> here; --env NAME=VALUE)"
             if call.placeholders else "",
             "; read from the script's text: bash never reached the trainer call" if call.static else "",
+            f"; the script makes {call.calls_made} trainer calls: the last one is read" if call.calls_made > 1 else "",
         ])
     conversion = convert(overrides, config_name=config_name)
     sys.stdout.write(conversion.to_yaml())

@@ -49,6 +49,7 @@ _grpo_note() { printf '%s\\n' "$*" >> "$GRPO_VERL_NOTES"; }
 cd() { builtin cd "$@" 2>/dev/null || _grpo_note "cd $*"; return 0; }
 source() { if [ -r "${1-}" ]; then builtin source "$@"; else _grpo_note "source $*"; fi; }
 .() { if [ -r "${1-}" ]; then builtin source "$@"; else _grpo_note ". $*"; fi; }
+ulimit() { builtin ulimit "$@" 2>/dev/null || _grpo_note "ulimit $*"; return 0; }
 sed() {
   local a; for a in "$@"; do case "$a" in -i*|--in-place*) _grpo_note "sed $*"; return 0 ;; esac; done
   command sed "$@"
@@ -56,7 +57,7 @@ sed() {
 """
 # bash's complaint about a variable the script requires: `NAME: unbound variable` (`set -u`) or
 # `NAME: <message>` (`${NAME:?message}`); such a variable gets a placeholder and the script runs again.
-_REQUIRED = re.compile(r"line \d+: ([A-Za-z_]\w*): (?:unbound variable|parameter null or not set|.+)$", re.M)
+_REQUIRED = re.compile(r"line \d+: ([A-Za-z_]\w*|[1-9]): (?:unbound variable|parameter null or not set|.+)$", re.M)
 MAX_PLACEHOLDER_ROUNDS = 8
 
 
@@ -81,6 +82,8 @@ class TrainerCall:
     forgiven: list[str] = field(default_factory=list)
     # True when bash never reached the call and it was read from the script's text instead.
     static: bool = False
+    # How many trainer calls the script made (the last one is read).
+    calls_made: int = 1
 
 
 def run_script(
@@ -93,7 +96,7 @@ def run_script(
 
 
 def _run(
-    script: Path, *, env: Mapping[str, str] | None, timeout_s: float
+    script: Path, *, env: Mapping[str, str] | None, timeout_s: float, args: Sequence[str] = ()
 ) -> tuple[list[list[str]], str, list[str]]:
     """`run_script`, and what the prelude forgave."""
     bash = shutil.which("bash")
@@ -121,7 +124,7 @@ def _run(
         work.mkdir()
         try:
             done = subprocess.run(
-                [bash, str(Path(script).absolute())],
+                [bash, str(Path(script).absolute()), *args],
                 cwd=work,
                 env=environ,
                 stdin=subprocess.DEVNULL,
@@ -218,13 +221,14 @@ def read_trainer_call(script: Path, *, env: Mapping[str, str] | None = None, tim
     placeholders: list[str] = []
     first_output = None
     for _ in range(MAX_PLACEHOLDER_ROUNDS):
-        calls, output, forgiven = _run(script, env=given, timeout_s=timeout_s)
+        positional = [given.get(str(i), f"<{i}>") for i in range(1, 1 + max((int(n) for n in given if n.isdigit()), default=0))]
+        calls, output, forgiven = _run(script, env=given, timeout_s=timeout_s, args=positional)
         first_output = first_output if first_output is not None else output
         call = trainer_call(calls)
         missing = [n for n in dict.fromkeys(_REQUIRED.findall(output)) if n not in given and n not in os.environ]
         if call is not None or not missing:
             break
-        placeholders += missing
+        placeholders += [f"${n}" if n.isdigit() else n for n in missing]
         given.update({name: f"<{name}>" for name in missing})
     static = False
     if call is None:
@@ -241,8 +245,14 @@ def read_trainer_call(script: Path, *, env: Mapping[str, str] | None = None, tim
             + (f"; its last output: {tail}" if tail else "")
             + "). Set the variables it needs with --env KEY=VALUE, or pass its overrides as a file of key=value lines."
         )
-    probes = [shlex.join(c) for c in calls if c[0].startswith("python") and len(c) > 1 and c[1] == "-c"]
-    return dataclasses.replace(call, probes=probes, placeholders=placeholders, forgiven=forgiven, static=static)
+    probes = [
+        shlex.join(c) for c in calls
+        if (c[0].startswith("python") and len(c) > 1 and c[1] == "-c") or c[0] in ("nvidia-smi", "npu-smi")
+    ]
+    made = sum(1 for c in calls if _entry(list(c)) is not None) or sum(1 for c in calls if _wrapper_entry(list(c)) is not None)
+    return dataclasses.replace(
+        call, probes=probes, placeholders=placeholders, forgiven=forgiven, static=static, calls_made=max(made, 1)
+    )
 
 
 _ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
