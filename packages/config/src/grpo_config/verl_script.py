@@ -25,7 +25,7 @@ from pathlib import Path
 # Commands replaced by a recorder: they would start the training, download, or change files.
 STAND_INS = (
     "python", "python3", "python3.10", "python3.11", "python3.12", "torchrun", "deepspeed", "accelerate",
-    "ray", "srun", "sbatch", "mpirun", "hf", "huggingface-cli", "modelscope", "wget", "curl", "git", "pip",
+    "ray", "srun", "sbatch", "salloc", "scontrol", "squeue", "mpirun", "hf", "huggingface-cli", "modelscope", "wget", "curl", "git", "pip",
     "pip3", "uv", "conda", "nvidia-smi", "npu-smi", "sleep", "rm", "mv", "cp", "ln", "rsync", "tar", "unzip",
     "tee", "chmod", "chown", "kill", "pkill",
 )  # fmt: skip
@@ -35,7 +35,7 @@ _TRAINER_FILE = re.compile(r"(?:^|/)main_\w+\.py$")
 # A `python -c CODE` probe of the machine (`import torch_npu`, ...) is answered as failing: it is not
 # run here, and the script's choice it feeds is said (TrainerCall.probes) so that --env can make it.
 _RECORDER = """#!/bin/bash
-{ printf '%s\\0' "$#" "${0##*/}" "$@"; } >> "$GRPO_VERL_RECORD"
+printf '%s\\0' "$#" "${0##*/}" "$@" > "$GRPO_VERL_RECORD/$(date +%s%N).$$"
 case "${0##*/}" in python*) [ "${1-}" = -c ] && exit 1 ;; esac
 exit 0
 """
@@ -57,8 +57,12 @@ sed() {
 """
 # bash's complaint about a variable the script requires: `NAME: unbound variable` (`set -u`) or
 # `NAME: <message>` (`${NAME:?message}`); such a variable gets a placeholder and the script runs again.
-_REQUIRED = re.compile(r"line \d+: ([A-Za-z_]\w*|[1-9]): (?:unbound variable|parameter null or not set|.+)$", re.M)
-MAX_PLACEHOLDER_ROUNDS = 8
+_REQUIRED = re.compile(
+    r"line \d+: ([A-Za-z_]\w*|[1-9]): (?:unbound variable|parameter null or not set|"
+    r"(?!command not found|No such file|Permission denied|cannot |invalid |bad |syntax error).+)$",
+    re.M,
+)
+MAX_PLACEHOLDER_ROUNDS = 32
 
 
 class ScriptError(ValueError):
@@ -109,8 +113,8 @@ def _run(
             recorder = bin_dir / name
             recorder.write_text(_RECORDER)
             recorder.chmod(0o755)
-        record = Path(scratch) / "calls"
-        record.touch()
+        record = Path(scratch) / "calls"  # one file per call: stand-ins in a pipeline run at once
+        record.mkdir()
         notes = Path(scratch) / "forgiven"
         notes.touch()
         prelude = Path(scratch) / "prelude.sh"
@@ -137,7 +141,8 @@ def _run(
                 f"{script} did not finish within {timeout_s:g} s under bash with the stand-ins (a loop that waits "
                 "for a cluster?); raise --timeout or pass the overrides as a file of key=value lines"
             ) from None
-        calls = _parse_record(record.read_bytes())
+        files = sorted(record.iterdir(), key=lambda f: tuple(int(part) for part in f.name.split(".")))
+        calls = [call for f in files for call in _parse_record(f.read_bytes())]
         forgiven = [line for line in notes.read_text(errors="replace").splitlines() if line]
     output = (done.stdout + done.stderr).decode(errors="replace")
     return calls, output, forgiven
@@ -257,7 +262,18 @@ def read_trainer_call(script: Path, *, env: Mapping[str, str] | None = None, tim
 
 _ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
 _VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)(?:(:?[-=?])([^}]*))?\}|\$([A-Za-z_]\w*)")
-_ENTRY_POINT_TEXT = re.compile(r"verl\.trainer\.main_\w+|recipe\.[\w.]+\.main_\w+|main_\w+\.py")
+# A trainer entry point in a script's text: `-m` of a `main_*` module (verl's, a recipe's, a project's),
+# a dotted `*.main_*` module, or a `main_*.py` file.
+_ENTRY_POINT_TEXT = re.compile(r"-m\s+(?:[A-Za-z_]\w*\.)*main_\w+|(?<![\w.])(?:[A-Za-z_]\w*\.)+main_\w+|main_\w+\.py\b")
+
+
+def _entry_index(tokens: Sequence[str]) -> int | None:
+    for i, token in enumerate(tokens):
+        if re.fullmatch(r"(?:[A-Za-z_]\w*\.)+main_\w+|\S*main_\w+\.py", token) or (
+            i and tokens[i - 1] == "-m" and re.fullmatch(r"main_\w+", token)
+        ):
+            return i
+    return None
 
 
 def _expand(text: str, variables: Mapping[str, str]) -> str:
@@ -291,8 +307,9 @@ def overrides_from_script(text: str, *, env: Mapping[str, str] | None = None) ->
                 variables[assignment.group(1)] = words[0]
             elif on_call:
                 tokens = shlex.split(_expand(stripped, variables), comments=True)
-                start = next(i for i, token in enumerate(tokens) if _ENTRY_POINT_TEXT.search(token)) + 1
-                return [t for t in tokens[start:] if "=" in t and not t.startswith("-")]
+                start = _entry_index(tokens)
+                if start is not None:
+                    return [t for t in tokens[start + 1 :] if "=" in t and not t.startswith("-")]
         except ValueError:  # an unbalanced quote: not something this reader can take
             continue
     return []
