@@ -257,3 +257,23 @@ def test_a_reference_training_setting_equal_to_the_actors_is_inert_not_a_crash()
         "++actor_rollout_ref.ref.megatron.override_transformer_config.gradient_accumulation_fusion=False"
     ]
     assert "ref" not in conversion.settings and not conversion.refused
+
+
+def test_verl_defaults_grpo_shares_are_inert_and_other_values_refused() -> None:
+    """Keys with no grpo setting whose value is verl's default (what grpo does) set nothing: listed as
+    inert with the reason; another value is refused, naming what grpo has instead."""
+    conversion = convert([
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size=4",
+        "trainer.default_hdfs_dir=null",
+        "actor_rollout_ref.rollout.data_parallel_size=1",
+        "actor_rollout_ref.rollout.expert_parallel_size=2",
+    ])
+    assert [line for line, _ in conversion.inert] == [
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+        "trainer.default_hdfs_dir=null",
+        "actor_rollout_ref.rollout.data_parallel_size=1",
+    ]
+    refused = dict(conversion.refused)
+    assert "parallel.cp" in refused["actor_rollout_ref.ref.ulysses_sequence_parallel_size=4"]
+    assert "(only 1 is accepted)" in refused["actor_rollout_ref.rollout.expert_parallel_size=2"]

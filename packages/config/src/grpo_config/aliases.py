@@ -182,11 +182,32 @@ _FSDP_OFFLOAD = (
     "backend's (actor.megatron.{ours}, ref.megatron.param_offload)"
 )
 
+_NO_ULYSSES = (
+    "grpo's torch backend runs no Ulysses sequence parallelism (verl's default, 1); sequence parallelism "
+    "is the Megatron backend's (parallel.cp, parallel.sequence_parallel)"
+)
+
 # verl keys with no grpo setting: the values that describe what grpo does, or that change only speed,
 # are accepted (dropped, and listed as inert with the reason); any other is refused with the reason.
 _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
     {
         "trainer.critic_warmup": ((0,), "GRPO has no critic, so there is no critic warm-up"),
+        f"{_A}.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
+        f"{_R}.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
+        "trainer.default_hdfs_dir": (
+            (None,),
+            "grpo copies no checkpoint to HDFS (verl's default, null): checkpoints stay under checkpoint.dir",
+        ),
+        f"{_RO}.data_parallel_size": (
+            (1,),
+            "vLLM's own data parallelism is off in grpo's engines (verl's default, 1): each training rank's "
+            "engine takes that rank's prompts",
+        ),
+        f"{_RO}.expert_parallel_size": (
+            (1,),
+            "vLLM's expert parallelism is off in grpo's engines (verl's default, 1): experts are split as "
+            "rollout.tensor_parallel_size splits them",
+        ),
         f"{_A}.use_torch_compile": (_BOTH, _NO_COMPILE),
         f"{_R}.use_torch_compile": (_BOTH, _NO_COMPILE),
         f"{_A}.fsdp_config.forward_prefetch": (_BOTH, "speed only: FSDP's prefetch of the next layer's shards"),
