@@ -50,6 +50,20 @@ def test_unknown_verl_key_suggests_nearest_alias() -> None:
     assert "Did you mean 'actor_rollout_ref.rollout.gpu_memory_utilization'?" in str(err)
 
 
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+        ("trainer.total_epoch", "trainer.total_epochs"),
+        ("trainer.balance_batch", None),  # once: 'trainer.total_epochs'
+        ("actor_rollout_ref.rollout.n_agent", None),  # once: 'actor_rollout_ref.rollout.name'
+    ],
+)
+def test_a_verl_key_suggestion_is_one_the_user_meant_or_none(key: str, meant: str | None) -> None:
+    err = str(_message(None, (f"{key}=1",)))
+    assert (f"Did you mean '{meant}'?" in err) if meant else ("Did you mean" not in err)
+
+
 def test_wrong_type_message_has_path_value_and_expected_type() -> None:
     err = _message(None, ("rollout.n=five",))
     assert str(err) == (

@@ -172,9 +172,27 @@ def collect(source: Mapping[str, Any], overrides: Sequence[str]) -> FlatConfig:
     return flat
 
 
+def _close_alias(key: str) -> str | None:
+    """A likely meant verl key: a close last part under the same parent (`ppo_micro_batch_size` ->
+    `..._per_gpu`), else the same last part under a near-identical path. Whole keys share long
+    prefixes, so comparing them loosely suggests unrelated keys (`trainer.balance_batch` ->
+    `trainer.total_epochs`, `rollout.n_agent` -> `rollout.name`)."""
+    parent, _, leaf = key.rpartition(".")
+    siblings = {k.rpartition(".")[2]: k for k in all_alias_keys() if k.rpartition(".")[0] == parent}
+    longer = sorted(name for name in siblings if name.startswith(f"{leaf}_"))  # an old name: `x` -> `x_per_gpu`
+    if longer:
+        return siblings[longer[0]]
+    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.8)
+    if close:
+        return siblings[close[0]]
+    same_leaf = [k for k in all_alias_keys() if k.rpartition(".")[2] == leaf]  # a typo in the path
+    whole = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.9)
+    return whole[0] if whole else None
+
+
 def _unknown_alias(key: str) -> ConfigError:
-    close = difflib.get_close_matches(key, all_alias_keys(), n=1, cutoff=0.6)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
+    close = _close_alias(key)
+    hint = f" Did you mean '{close}'?" if close else ""
     return ConfigError(
         f"Unknown config key '{key}': it is not one of the verl-style keys grpo maps "
         f"(see grpo_config.aliases.ALIASES), and grpo_config has no such key.{hint}",
