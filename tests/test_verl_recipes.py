@@ -277,3 +277,18 @@ def test_verl_defaults_grpo_shares_are_inert_and_other_values_refused() -> None:
     refused = dict(conversion.refused)
     assert "parallel.cp" in refused["actor_rollout_ref.ref.ulysses_sequence_parallel_size=4"]
     assert "(only 1 is accepted)" in refused["actor_rollout_ref.rollout.expert_parallel_size=2"]
+
+
+def test_multi_turn_keys_are_refused_with_that_reason_until_grpo_has_them() -> None:
+    conversion = convert([
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=/tools.yaml",
+        "data.train_batch_size=8",
+    ])
+    assert [line for line, _ in conversion.refused] == [
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=/tools.yaml",
+    ]
+    assert all("multi-turn rollouts (tool calls, interactions) are not in grpo yet" in r for _, r in conversion.refused)
+    off = convert(["actor_rollout_ref.rollout.multi_turn.enable=False"])
+    assert [line for line, _ in off.inert] == ["actor_rollout_ref.rollout.multi_turn.enable=False"]

@@ -182,6 +182,11 @@ _FSDP_OFFLOAD = (
     "backend's (actor.megatron.{ours}, ref.megatron.param_offload)"
 )
 
+_MULTI_TURN = f"{_RO}.multi_turn."
+_NO_MULTI_TURN = (
+    "multi-turn rollouts (tool calls, interactions) are not in grpo yet: it generates one answer per "
+    "prompt, as verl with multi_turn.enable=false; verl's multi_turn keys map once they are"
+)
 _NO_ULYSSES = (
     "grpo's torch backend runs no Ulysses sequence parallelism (verl's default, 1); sequence parallelism "
     "is the Megatron backend's (parallel.cp, parallel.sequence_parallel)"
@@ -192,6 +197,7 @@ _NO_ULYSSES = (
 _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
     {
         "trainer.critic_warmup": ((0,), "GRPO has no critic, so there is no critic warm-up"),
+        f"{_MULTI_TURN}enable": ((False,), _NO_MULTI_TURN),
         f"{_A}.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
         f"{_R}.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
         "trainer.default_hdfs_dir": (
@@ -393,6 +399,8 @@ def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
         return _fixed_settings(key, value)
     if key in _REFUSED_KEYS:
         return _refused_settings(key, value)
+    if key.startswith(_MULTI_TURN):
+        raise ConfigError(f"'{key}={value}' cannot be honoured: {_NO_MULTI_TURN}.", key=key)
     return None
 
 
