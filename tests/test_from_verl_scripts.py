@@ -322,3 +322,17 @@ def test_a_projects_own_entry_point_built_on_verls_config_is_the_trainer_call(tm
         "data.train_batch_size=8", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
         "myproject.tools=calculator",
     ]
+
+
+def test_the_launcher_refuses_a_script_whose_required_variables_are_unset(tmp_path: Path) -> None:
+    """from-verl writes `<MODEL_PATH>` and lists it; a launch would use the placeholder, so the
+    launcher stops, naming the variable, and launches once it is exported."""
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "set -u\nMODEL_PATH=${MODEL_PATH:?set it}\n"
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.model.path=$MODEL_PATH\n"
+    )
+    done = _launch("--from-verl", str(script), "--dry-run", "--device", "gpu", home=tmp_path)
+    assert done.returncode == 2
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "requires MODEL_PATH, which are not set: export them" in line
