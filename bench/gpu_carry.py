@@ -153,8 +153,7 @@ def plan(lock: dict[str, Locked] | None = None, machine: dict[str, str | None] |
     everything = reach(roots, set())
     pruned = {}
     for name in sorted(everything - needed):
-        listed = name if name in reason_of else next(
-            p for p in sorted(lock[name].required_by) if p in everything - needed)
+        listed = name
         while listed not in reason_of:  # walk up to the listed package it hangs from
             listed = next(p for p in sorted(lock[listed].required_by) if p in everything - needed)
         pruned[name] = reason_of[listed] if name == listed else f"needed only through {listed}"

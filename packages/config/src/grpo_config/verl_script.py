@@ -237,8 +237,9 @@ def read_trainer_call(script: Path, *, env: Mapping[str, str] | None = None, tim
         given.update({name: f"<{name}>" for name in missing})
     static = False
     if call is None:
-        overrides = overrides_from_script(Path(script).read_text(errors="replace"), env=given)
-        if _ENTRY_POINT_TEXT.search(Path(script).read_text(errors="replace")) and overrides:
+        text = Path(script).read_text(errors="replace")
+        overrides = overrides_from_script(text, env=given)
+        if _ENTRY_POINT_TEXT.search(text) and overrides:
             call, static = TrainerCall(entry_point="(read from the script's text)", overrides=overrides), True
     if call is None:
         output = first_output or output

@@ -105,13 +105,12 @@ def get_reward_fn(data_source: str, grader: Grader = "verl") -> RewardFn:
         )
     missing = [module for module in _REQUIRES.get(_key(fn), ()) if not _installed(module)]
     if missing:
-        other = "lenient" if grader == "verl" else "verl"
-        switch = _lookup(data_source, other) if other == "lenient" else None
+        switch = _lookup(data_source, "lenient") if grader == "verl" else None
         raise GraderUnavailableError(
             f"reward.grader={grader} scores data_source {data_source!r} with {fn.__qualname__}, which "
             f"imports {', '.join(missing)}: not installed here. Install them (grpo-trainer declares them: "
             f"pip install {' '.join(missing)})"
-            + (f" or set reward.grader={other} ({switch.__qualname__})" if switch is not None else "")
+            + (f" or set reward.grader=lenient ({switch.__qualname__})" if switch is not None else "")
         )
     return fn
 

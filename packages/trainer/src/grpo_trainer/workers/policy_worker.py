@@ -258,7 +258,7 @@ class PolicyWorker:
         process group."""
         if self.engine is not None and hasattr(self.engine, "shutdown"):
             if getattr(self.engine, "asleep_tags", None) and self.memory is not None:
-                # the engine wakes to shut down cleanly (VllmEngine.shutdown): room as for a rollout
+                # the engine wakes to shut down cleanly (VLLMRolloutEngine.shutdown): room as for a rollout
                 try:
                     self.memory.before_rollout()
                 except Exception as exc:
