@@ -2,7 +2,7 @@
 # Builds, from scratch, every folder a GPU session carries to the lent GPU machine (no registry there),
 # and prints the device calls that carry them (each call's working tree + carried folders < 64 MiB).
 # usage: bash bench/gpu_prepare.sh [ROOT]     (ROOT: the checkout the device calls send, default this one;
-#                                             ~11 min; needs pip, unzip, xz, PyPI)
+#                                             ~4 min; needs pip, unzip, xz, PyPI)
 #        DRY_RUN=1 bash bench/gpu_prepare.sh  (prints what it would fetch, `fetch KIND NAME==VERSION`)
 # What travels is derived from requirements/gpu.lock by bench/gpu_carry.py: every package the lock's
 # roots need that the machine's image (bench/gpu_machine.txt) lacks, at the lock's version, less the

@@ -4,8 +4,10 @@
 #   tests[=EXPR]     the Megatron GPU tests (pytest -k EXPR when given)
 #   train[=ARGS]     bench/megatron_gpu_train.py (train() megatron vs torch; ARGS comma-separated)
 #   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable; one process per spec)
-#   smoke            the production path on the tiny presets, text (offload) and VL, 5 steps each: one
-#                    SMOKE PASS/FAIL line per run with its per-phase seconds; run it first on a new machine
+#   smoke[=RUNS]     the production path on the tiny presets, text (offload) and VL, 5 steps each: one
+#                    SMOKE PASS/FAIL line per run with its per-phase seconds; run it first on a new machine.
+#                    RUNS (offload or vl) runs one of them: on a fresh machine the first engine start
+#                    compiles for ~2.5 min, so the two may need a call each (600 s a call)
 #   prod[=ARGS]      bench/gpu_production_path.py (Megatron actor + vLLM rollout in train(); needs vLLM
 #                    (.vx1, .vx2, .whl) and Ray (.rayw) unpacked)
 #   sync[=ARGS]      bench/gpu_weight_sync.py (the full-size Qwen3.5-35B-A3B weight sync; needs vLLM)
@@ -43,9 +45,10 @@ for part in "$@"; do
       timeout 300 python3 bench/megatron_gpu_train.py --out "$OUT" --hide-from-torch /tmp/site_fla ${args//,/ } 2>&1 \
         | grep -v "Loading weights\|Writing model\|ckpt.component_saved" > "$OUT/train.log" || status=1
       tail -n 3 "$OUT/train.log" ;;
-    smoke)
+    smoke|smoke=*)
+      runs=${part#smoke}; runs=${runs#=}
       [ -f /tmp/site/vllm/__init__.py ] && [ -d /tmp/site/ray ] || { echo "SMOKE FAIL: vLLM or Ray is not in /tmp/site (COLD MACHINE?)"; exit 2; }
-      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 560 python3 bench/gpu_production_path.py --out "$OUT/smoke" --steps 5 --runs offload,vl --verdict 2>&1 \
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 560 python3 bench/gpu_production_path.py --out "$OUT/smoke" --steps 5 --runs "${runs:-offload,vl}" --verdict 2>&1 \
         | grep -v "Loading weights\|Writing model" > "$OUT/smoke.log" || status=1
       grep '^SMOKE' "$OUT/smoke.log" || { echo "SMOKE FAIL: no verdict (log tail below)"; tail -n 20 "$OUT/smoke.log"; status=1; }
       n=$(grep -c "CUDA Error" "$OUT/smoke.log"); [ "$n" -eq 0 ] || echo "smoke: $n 'CUDA Error' lines in $OUT/smoke.log: $(grep -m1 "CUDA Error" "$OUT/smoke.log")" ;;
