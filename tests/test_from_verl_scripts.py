@@ -117,6 +117,25 @@ def test_the_stand_ins_start_nothing_and_change_no_file(tmp_path: Path) -> None:
     assert keep.read_text() == "mine"
 
 
+def test_folders_are_made_only_in_the_scratch_directory(tmp_path: Path) -> None:
+    """`mkdir` beside the script (after `cd "$(dirname "$0")"`) or at an absolute path is noted, not
+    made; one in the scratch working directory is made, so a later write into it still works."""
+    script = tmp_path / "run.sh"
+    script.write_text(textwrap.dedent(f"""\
+        set -e
+        mkdir -p scratch_logs && echo ok > scratch_logs/x && cat scratch_logs/x
+        cd "$(dirname "$0")"
+        mkdir -p logs ckpt/run1 && touch made.txt
+        mkdir -p {tmp_path}/abs
+        python3 -m verl.trainer.main_ppo data.train_batch_size=8
+        """))
+    call = read_trainer_call(script, env={})
+    assert call.overrides == ["data.train_batch_size=8"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.sh"]
+    assert call.forgiven == ["mkdir -p logs ckpt/run1", f"mkdir -p {tmp_path}/abs"]
+    assert run_script(script)[1].startswith("ok")
+
+
 @pytest.fixture
 def entry_point_logging():
     """from-verl's `main` configures structlog for its process (stderr); put it back after."""

@@ -4,9 +4,10 @@ stand-ins for every command that would start work or reach the network (`python`
 found among the recorded ones, so arrays (`"${ALGORITHM[@]}"`), `${VAR:-default}`, `$((...))`,
 `case` and `if` are resolved by bash itself, not imitated.
 
-What runs for real: bash and the commands not stood in for (`mkdir`, `echo`, `export`, ...), with the
+What runs for real: bash and the commands not stood in for (`echo`, `export`, `dirname`, ...), with the
 user's environment plus `env`, in a scratch working directory, for at most `timeout_s` seconds.
-Commands that change or remove files (`rm`, `mv`, `cp`, `ln`, `tee`, ...) are stood in for too.
+Commands that change or remove files (`rm`, `mv`, `cp`, `ln`, `tee`, `touch`, ...) are stood in for
+too, and `mkdir` creates folders only inside the scratch directory.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ STAND_INS = (
     "python", "python3", "python3.10", "python3.11", "python3.12", "torchrun", "deepspeed", "accelerate",
     "ray", "srun", "sbatch", "salloc", "scontrol", "squeue", "mpirun", "hf", "huggingface-cli", "modelscope", "wget", "curl", "git", "pip",
     "pip3", "uv", "conda", "nvidia-smi", "npu-smi", "sleep", "rm", "mv", "cp", "ln", "rsync", "tar", "unzip",
-    "tee", "chmod", "chown", "kill", "pkill",
+    "tee", "touch", "chmod", "chown", "kill", "pkill",
 )  # fmt: skip
 # The trainer entry points: verl's main_ppo and the recipes' mains (recipe.dapo.main_dapo, ...).
 _TRAINER_MODULE = re.compile(r"^(?:verl\.trainer\.main_\w+|recipe\.[\w.]+\.main_\w+|verl\.experimental\.[\w.]+\.main_\w+)$")
@@ -43,7 +44,9 @@ exit 0
 
 # Read by bash before the script (BASH_ENV): what only the author's machine has is forgiven and
 # noted instead of stopping the script (`set -e`): `cd` into a missing folder, `source` / `.` of a
-# missing file (a virtualenv's activate), `sed -i` on a missing file.
+# missing file (a virtualenv's activate), `sed -i` on a missing file. `mkdir` creates folders only
+# inside the scratch directory: one elsewhere (a checkpoint folder, `logs` beside the script after
+# `cd "$(dirname "$0")"`) is noted, not created.
 _PRELUDE = """
 _grpo_note() { printf '%s\\n' "$*" >> "$GRPO_VERL_NOTES"; }
 cd() { builtin cd "$@" 2>/dev/null || _grpo_note "cd $*"; return 0; }
@@ -53,6 +56,13 @@ ulimit() { builtin ulimit "$@" 2>/dev/null || _grpo_note "ulimit $*"; return 0; 
 sed() {
   local a; for a in "$@"; do case "$a" in -i*|--in-place*) _grpo_note "sed $*"; return 0 ;; esac; done
   command sed "$@"
+}
+mkdir() {
+  local a; for a in "$@"; do
+    case "$a" in -*) continue ;; esac
+    case "$(realpath -m -- "$a")/" in "$GRPO_VERL_SCRATCH"/*) ;; *) _grpo_note "mkdir $*"; return 0 ;; esac
+  done
+  command mkdir "$@"
 }
 """
 # bash's complaint about a variable the script requires: `NAME: unbound variable` (`set -u`) or
@@ -124,6 +134,7 @@ def _run(
         environ["GRPO_VERL_RECORD"] = str(record)
         environ["GRPO_VERL_NOTES"] = str(notes)
         environ["BASH_ENV"] = str(prelude)
+        environ["GRPO_VERL_SCRATCH"] = str(Path(scratch).resolve())
         work = Path(scratch) / "work"
         work.mkdir()
         try:
