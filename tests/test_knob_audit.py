@@ -307,6 +307,10 @@ READ: dict[str, tuple[str, ...]] = {
     "reward.custom_fn": (
         "packages/launchers/common/tests/test_tiny_preset.py::test_reward_travels_in_the_config_not_the_registry",
     ),
+    "reward.custom_fn_name": (
+        f"{SETTINGS}::test_a_reward_file_and_its_function_name_reach_the_reward_manager",
+        f"{TRAINER}/test_rewards_manager.py::test_custom_fn_from_a_file_as_verl_names_it",
+    ),
     "reward.timeout_s": (
         f"{SETTINGS}::test_the_reward_settings_reach_the_reward_manager",
         f"{TRAINER}/test_rewards_manager.py::test_many_hanging_rows_cost_one_timeout_per_batch",

@@ -98,6 +98,16 @@ def test_the_reward_settings_reach_the_reward_manager(preset) -> None:
     run.rewards.close()
 
 
+def test_a_reward_file_and_its_function_name_reach_the_reward_manager(preset, tmp_path, monkeypatch) -> None:
+    """verl's custom_reward_function.path / .name, as a pasted script gives them."""
+    (tmp_path / "reward_fn.py").write_text("def score_em(solution_str, ground_truth, extra_info):\n    return 0.25\n")
+    monkeypatch.chdir(tmp_path)
+    run = _run(preset, "custom_reward_function.path=reward_fn.py", "custom_reward_function.name=score_em")
+    item = {"solution_str": "x", "ground_truth": "y", "data_source": "any"}
+    assert run.cfg.reward.custom_fn_name == "score_em" and run.rewards.score([item]).scores == [0.25]
+    run.rewards.close()
+
+
 def test_collective_timeout_is_the_setting_or_past_the_longest_phase(preset) -> None:
     cfg = grpo_config.load(preset)
     assert collective_timeout_s(cfg) == max(MIN_COLLECTIVE_TIMEOUT_S, 1800.0 + 60.0)

@@ -245,6 +245,32 @@ def test_verl_logging_and_reward_manager_keys_map(monkeypatch: pytest.MonkeyPatc
         load(None, ['trainer.logger=["console","wandb"]'])
 
 
+def test_verl_s_newer_reward_section_and_custom_reward_function_map() -> None:
+    """verl's `reward.` layout (its reward_model section split up) sets what the old keys set, and
+    custom_reward_function's file and function name set reward.custom_fn / custom_fn_name."""
+    cfg = load(
+        None,
+        [
+            "reward.reward_manager.name=dapo",
+            "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward.reward_kwargs.overlong_buffer_cfg.len=64",
+            "+reward.reward_kwargs.max_resp_len=256",
+            "custom_reward_function.path=recipe/retool/retool.py",
+            "custom_reward_function.name=compute_score_em",
+        ],
+    )
+    buffer = cfg.reward.overlong_buffer
+    assert (buffer.enable, buffer.len, buffer.max_response_length) == (True, 64, 256)
+    assert (cfg.reward.custom_fn, cfg.reward.custom_fn_name) == ("recipe/retool/retool.py", "compute_score_em")
+    assert load(None, ["reward.custom_reward_function.path=r.py"]).reward.custom_fn == "r.py"
+    with pytest.raises(ConfigError, match="only 'naive' or 'dapo' is accepted"):
+        load(None, ["reward.reward_manager.name=prime"])
+    with pytest.raises(ConfigError, match="names a function of reward.custom_fn, which is not set"):
+        load(None, ["custom_reward_function.name=compute_score_em"])
+    with pytest.raises(ConfigError, match="names its function already"):
+        load(None, ["reward.custom_fn=pkg.mod:fn", "custom_reward_function.name=other"])
+
+
 @pytest.mark.parametrize(
     ("override", "refused_because"),
     [

@@ -6,6 +6,7 @@ dir and put on sys.path, so worker processes import them by name like a user's p
 from __future__ import annotations
 
 import importlib
+import os
 import time
 import uuid
 
@@ -188,6 +189,30 @@ def test_custom_fn_by_string_scores_every_source(user_module):
     assert result.scores == [1.0, 0.0] and result.n_unknown_source == 0
     with pytest.raises(rw.CustomRewardError):
         rw.RewardManager(2.0, "not a spec")
+
+
+def test_custom_fn_from_a_file_as_verl_names_it(tmp_path, monkeypatch):
+    """verl's custom_reward_function: a file that is not on PYTHONPATH (relative to the working
+    directory), its function named apart (default compute_score); scored in the reward worker
+    process, which loads the file itself (no thread fallback)."""
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "my_reward.py").write_text(
+        "import os\n"
+        "def compute_score(solution_str, ground_truth, extra_info):\n    return 0.5\n"
+        "def score_em(solution_str, ground_truth, extra_info):\n    return float(os.getpid())\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with rw.RewardManager(5.0, "recipe/my_reward.py") as m:
+        assert m.score([item("anything")]).scores == [0.5]
+    with capture_logs() as logs, rw.RewardManager(5.0, "recipe/my_reward.py", custom_fn_name="score_em") as m:
+        scores = m.score([item("a"), item("b")]).scores
+    assert scores[0] == scores[1] != float(os.getpid()) and not any("thread" in e["event"] for e in logs)
+    with rw.RewardManager(5.0, "recipe/my_reward.py:score_em", isolation="thread") as m:
+        assert m.score([item("a")]).scores == [float(os.getpid())]
+    with pytest.raises(rw.CustomRewardError, match="no file .*missing.py"):
+        rw.RewardManager(2.0, "recipe/missing.py")
+    with pytest.raises(rw.CustomRewardError, match="'.*my_reward.py' has no attribute 'nope'"):
+        rw.RewardManager(2.0, "recipe/my_reward.py", custom_fn_name="nope")
 
 
 def test_unpicklable_function_falls_back_to_threads():

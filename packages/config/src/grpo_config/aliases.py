@@ -133,6 +133,13 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "reward_model.overlong_buffer": "reward.overlong_buffer",
         "reward_model.reward_kwargs.overlong_buffer_cfg": "reward.overlong_buffer",
         "reward_model.reward_kwargs.max_resp_len": "reward.overlong_buffer.max_response_length",
+        # verl's newer layout of the same settings under `reward.` (its reward_model section split up).
+        "reward.reward_kwargs.overlong_buffer_cfg": "reward.overlong_buffer",
+        "reward.reward_kwargs.max_resp_len": "reward.overlong_buffer.max_response_length",
+        "custom_reward_function.path": "reward.custom_fn",
+        "custom_reward_function.name": "reward.custom_fn_name",
+        "reward.custom_reward_function.path": "reward.custom_fn",
+        "reward.custom_reward_function.name": "reward.custom_fn_name",
         # verl's one_step_off_policy recipe: the rollout workers' own devices.
         "rollout.n_gpus_per_node": "rollout.devices_per_node",
         "trainer.nnodes": "device.nnodes",
@@ -182,6 +189,10 @@ _FSDP_OFFLOAD = (
     "backend's (actor.megatron.{ours}, ref.megatron.param_offload)"
 )
 
+_REWARD_MANAGER = (
+    "grpo's reward manager scores each response as verl's naive one and adds the overlong penalty of "
+    "verl's dapo one when reward.overlong_buffer.enable (verl's overlong_buffer_cfg) is set"
+)
 _MULTI_TURN = f"{_RO}.multi_turn."
 _NO_MULTI_TURN = (
     "multi-turn rollouts (tool calls, interactions) are not in grpo yet: it generates one answer per "
@@ -262,11 +273,8 @@ _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
             (True, False),
             "the reference model's pass computes no entropy",
         ),
-        "reward_model.reward_manager": (
-            ("naive", "dapo"),
-            "grpo's reward manager scores each response as verl's naive one and adds the overlong penalty of "
-            "verl's dapo one when reward.overlong_buffer.enable (verl's overlong_buffer_cfg) is set",
-        ),
+        "reward_model.reward_manager": (("naive", "dapo"), _REWARD_MANAGER),
+        "reward.reward_manager.name": (("naive", "dapo"), _REWARD_MANAGER),
     }
 )
 

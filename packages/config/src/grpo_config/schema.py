@@ -319,7 +319,11 @@ class OverlongBufferConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RewardConfig:
-    custom_fn: str | None = None  # "package.module:function", loaded only when set explicitly
+    # "package.module:function" or "path/to/file.py[:function]" (verl's custom_reward_function.path),
+    # loaded only when set explicitly; custom_fn_name: the function of a file given without one
+    # (verl's custom_reward_function.name).
+    custom_fn: str | None = None
+    custom_fn_name: str = "compute_score"
     timeout_s: float = 60.0  # the budget of one batch's scoring (all its rows, num_workers at a time)
     num_workers: int = 1
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)

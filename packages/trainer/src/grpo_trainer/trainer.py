@@ -91,7 +91,11 @@ class _Run:
         self.correction = RolloutCorrection(cfg.algorithm.rollout_correction)
         self.total_steps = cfg.total_training_steps or cfg.total_epochs * len(self.sampler)
         self.rewards = RewardManager(
-            cfg.reward.timeout_s, cfg.reward.custom_fn, num_workers=cfg.reward.num_workers, grader=cfg.reward.grader
+            cfg.reward.timeout_s,
+            cfg.reward.custom_fn,
+            custom_fn_name=cfg.reward.custom_fn_name,
+            num_workers=cfg.reward.num_workers,
+            grader=cfg.reward.grader,
         )
         max_tokens = response_budget(cfg)
         self.scorer = Scorer(cfg.reward, self.rewards, decode=self.decode, max_tokens=max_tokens)

@@ -34,4 +34,15 @@ def reward_problems(cfg: TrainerConfig) -> list[str]:
             f"reward.overlong_buffer.len={buffer.len} must be between 1 and the response budget {budget} "
             "(rollout.max_tokens, else data.max_response_length): the penalty ramps over the last len tokens."
         )
+    if cfg.reward.custom_fn_name != "compute_score":
+        if cfg.reward.custom_fn is None:
+            problems.append(
+                f"reward.custom_fn_name={cfg.reward.custom_fn_name!r} names a function of reward.custom_fn, which "
+                "is not set (verl's custom_reward_function.path): set the file, or remove the name."
+            )
+        elif ":" in cfg.reward.custom_fn:
+            problems.append(
+                f"reward.custom_fn={cfg.reward.custom_fn!r} names its function already; reward.custom_fn_name="
+                f"{cfg.reward.custom_fn_name!r} would be a second: keep one."
+            )
     return problems

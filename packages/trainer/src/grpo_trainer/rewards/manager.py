@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import structlog
 
-from grpo_trainer.rewards.custom import load_custom_fn
+from grpo_trainer.rewards.custom import DEFAULT_FUNCTION_NAME, load_custom_fn
 from grpo_trainer.rewards.isolation import FunctionLoadError, Outcome, ProcessRunner, ThreadRunner
 from grpo_trainer.rewards.protocol import describe_error
 from grpo_trainer.rewards.registry import Grader, RewardFn, UnknownDataSourceError, get_reward_fn
@@ -81,6 +81,7 @@ class RewardManager:
         timeout_s: float,
         custom_fn: RewardFn | str | None = None,
         *,
+        custom_fn_name: str = DEFAULT_FUNCTION_NAME,
         num_workers: int = 1,
         isolation: Literal["process", "thread"] = "process",
         grader: Grader = "verl",
@@ -91,7 +92,7 @@ class RewardManager:
             raise ValueError(f"isolation must be 'process' or 'thread', got {isolation!r}")
         self.timeout_s = float(timeout_s)
         self.grader = grader
-        self._custom = load_custom_fn(custom_fn) if isinstance(custom_fn, str) else custom_fn
+        self._custom = load_custom_fn(custom_fn, custom_fn_name) if isinstance(custom_fn, str) else custom_fn
         self._threads = ThreadRunner(num_workers=num_workers)
         self._processes = ProcessRunner(num_workers=num_workers) if isolation == "process" else None
         self._process_keys: dict[int, int | None] = {}
