@@ -307,6 +307,7 @@ READ: dict[str, tuple[str, ...]] = {
     "reward.custom_fn": (
         "packages/launchers/common/tests/test_tiny_preset.py::test_reward_travels_in_the_config_not_the_registry",
     ),
+    "data.image_key": ("tests/test_vl_data.py::test_the_driver_reads_the_images_through_the_model_s_processor",),
     "reward.custom_fn_name": (
         f"{SETTINGS}::test_a_reward_file_and_its_function_name_reach_the_reward_manager",
         f"{TRAINER}/test_rewards_manager.py::test_custom_fn_from_a_file_as_verl_names_it",

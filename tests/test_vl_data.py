@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
@@ -82,6 +83,14 @@ def test_the_driver_reads_the_images_through_the_model_s_processor(tmp_path: Pat
     assert run.vision.processor is not None and len(run.train_data) == 4
     vision = run.vision.of(run.train_data[0])
     assert vision["image_grid_thw"].tolist() == [[1, 4, 4]] and run.vision.of(run.train_data[0]) is vision
+    run.rewards.close()
+    # data.image_key names the images' column (verl's data.image_key).
+    table = pq.read_table(data_file)
+    renamed = tmp_path / "pics.parquet"
+    pq.write_table(table.rename_columns(["pics" if c == "images" else c for c in table.column_names]), renamed)
+    run = _Run(grpo_config.load(preset, [*overrides, f"data.train_files=[{renamed}]", "data.image_key=pics"]))
+    assert len(run.train_data) == 4 and run.train_data.report.n_malformed == 2
+    assert run.vision.of(run.train_data[0])["image_grid_thw"].tolist() == [[1, 4, 4]]
     run.rewards.close()
 
 

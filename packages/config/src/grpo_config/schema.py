@@ -51,6 +51,7 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
     prompt_key: str = "prompt"
+    image_key: str = "images"  # the column of a row's images (verl's multimodal rows)
     max_prompt_length: int = 512
     max_response_length: int = 512
     train_batch_size: int = 8

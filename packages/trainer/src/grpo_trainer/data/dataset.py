@@ -14,7 +14,7 @@ from typing import Any, Literal
 import structlog
 
 from grpo_config.schema import DataConfig
-from grpo_trainer.data.images import ImageProblem, row_images, vision_messages
+from grpo_trainer.data.images import IMAGES_KEY, ImageProblem, row_images, vision_messages
 from grpo_trainer.data.rows import DataReport, RawRow, read_raw_rows, row_problem
 
 log = structlog.get_logger()
@@ -56,6 +56,7 @@ class PromptDataset:
         tokenizer: Any,
         *,
         prompt_key: str = "prompt",
+        image_key: str = IMAGES_KEY,
         max_prompt_length: int,
         overlong: OverlongMode = "filter",
         apply_chat_template: bool = True,
@@ -66,6 +67,7 @@ class PromptDataset:
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
         self.prompt_key = prompt_key
+        self.image_key = image_key
         self.max_prompt_length = max_prompt_length
         self.overlong = overlong
         self.report = DataReport()
@@ -117,7 +119,9 @@ class PromptDataset:
             images: list[Any] = []
             if problem is None:
                 try:
-                    images = row_images(raw.row, prompt_key=self.prompt_key, base_dir=raw.path and raw.path.parent)
+                    images = row_images(
+                        raw.row, prompt_key=self.prompt_key, image_key=self.image_key, base_dir=raw.path and raw.path.parent
+                    )
                 except ImageProblem as exc:
                     problem = str(exc)
             if problem is None and images and self.processor is None:
@@ -218,6 +222,7 @@ def datasets_for(section: DataConfig, tokenizer: Any, processor: Any) -> tuple[P
         raise ValueError("data.train_files is empty: give at least one parquet/jsonl file")
     args: dict[str, Any] = {
         "prompt_key": section.prompt_key,
+        "image_key": section.image_key,
         "max_prompt_length": section.max_prompt_length,
         "overlong": "filter" if section.filter_overlong_prompts else _TRUNCATION[section.truncation],
         "apply_chat_template": section.apply_chat_template,

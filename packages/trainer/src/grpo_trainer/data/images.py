@@ -65,14 +65,17 @@ def placeholder_count(prompt: Any) -> int:
     return sum(str(m.get("content", "")).count(IMAGE_PLACEHOLDER) for m in prompt if isinstance(m, Mapping))
 
 
-def row_images(row: Mapping[str, Any], *, prompt_key: str, base_dir: Path | None = None) -> list[Any]:
-    """The decoded images of `row` (empty for a text row), checked against its placeholders."""
-    entries = row.get(IMAGES_KEY)
+def row_images(
+    row: Mapping[str, Any], *, prompt_key: str, image_key: str = IMAGES_KEY, base_dir: Path | None = None
+) -> list[Any]:
+    """The decoded images of `row`'s `image_key` column (empty for a text row), checked against its
+    placeholders."""
+    entries = row.get(image_key)
     if entries is None:
         entries = []
     if not isinstance(entries, Sequence) or isinstance(entries, str | bytes):
-        raise ImageProblem(f"{IMAGES_KEY!r} must be a list of images, got {type(entries).__name__}")
-    images = [decode_image(e, base_dir=base_dir, what=f"{IMAGES_KEY}[{i}]") for i, e in enumerate(entries)]
+        raise ImageProblem(f"{image_key!r} must be a list of images, got {type(entries).__name__}")
+    images = [decode_image(e, base_dir=base_dir, what=f"{image_key}[{i}]") for i, e in enumerate(entries)]
     marks = placeholder_count(row[prompt_key])
     if marks != len(images):
         raise ImageProblem(
