@@ -274,6 +274,27 @@ def test_verl_s_newer_reward_section_and_custom_reward_function_map() -> None:
 @pytest.mark.parametrize(
     ("override", "refused_because"),
     [
+        ("critic.optim.lr=1e-5", "GRPO trains no critic"),
+        ("+distillation.distillation_loss.topk=64", "distillation"),
+        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=8", "grpo's torch backend trains with DDP"),
+        ("actor_rollout_ref.ref.fsdp_config.reshard_after_forward=True", "grpo's torch backend trains with DDP"),
+        ("global_profiler.tool=nsys", "grpo has no profiler setting"),
+        ("+retriever.url=http://127.0.0.1:8000/retrieve", "multi-turn rollouts"),
+        ("hydra.run.dir=outputs", "grpo does not run under Hydra"),
+    ],
+)
+def test_verl_sections_grpo_has_not_are_refused_with_their_reason(override: str, refused_because: str) -> None:
+    """Every key under such a section is refused with what the section is and why grpo has none,
+    not as an unknown key; an inert value of a listed key under it still passes."""
+    with pytest.raises(ConfigError, match=refused_because) as info:
+        load(None, [override])
+    assert "Unknown config key" not in str(info.value)
+    assert load(None, ["actor_rollout_ref.actor.fsdp_config.param_offload=False"]) == load(None, [])
+
+
+@pytest.mark.parametrize(
+    ("override", "refused_because"),
+    [
         ("reward_model.reward_manager=prime", "only 'naive' or 'dapo' is accepted"),
         ("actor_rollout_ref.actor.fsdp_config.param_offload=True", "offloading is the Megatron backend's"),
         ("actor_rollout_ref.ref.use_torch_compile=sometimes", "only True or False is accepted"),

@@ -288,6 +288,41 @@ _REFUSED_KEYS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+_NO_FSDP = (
+    "verl's FSDP engine setting: grpo's torch backend trains with DDP (whole parameters on every device), so "
+    "FSDP's sharding, offload and precision settings have nothing to act on; large models train on the Megatron "
+    "backend (model_engine=megatron), whose offload is actor.megatron.param_offload / optimizer_offload"
+)
+_NO_PROFILER = (
+    "verl's step profiler (nsys, torch or NPU profiler per step): grpo has no profiler setting; every step's "
+    "per-phase seconds are in its metrics, and bench/ profiles phases on the GPU machine (docs/benchmarks.md)"
+)
+# verl sections grpo has no counterpart for: every key under one is refused with the section's reason
+# (checked after the keys above, so an inert value of one of them still passes).
+_REFUSED_SECTIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "critic.": (
+            "verl's critic (a value model, PPO with algorithm.adv_estimator=gae): GRPO trains no critic; grpo's "
+            "estimators are grpo and rloo, which need none"
+        ),
+        "distillation.": "verl's on-policy distillation (a teacher's log-probs in the loss) is not in grpo",
+        "retriever.": f"a search server for tool calls: {_NO_MULTI_TURN}",
+        "actor_rollout_ref.agent.": f"a project's agent loop settings: {_NO_MULTI_TURN}",
+        f"{_A}.fsdp_config.": _NO_FSDP,
+        f"{_R}.fsdp_config.": _NO_FSDP,
+        f"{_A}.veomni.": "verl's VeOmni engine setting: grpo trains with its Megatron or torch backend",
+        "global_profiler.": _NO_PROFILER,
+        f"{_A}.profiler.": _NO_PROFILER,
+        f"{_R}.profiler.": _NO_PROFILER,
+        f"{_RO}.profiler.": _NO_PROFILER,
+        "actor_rollout_ref.model.mtp.": "multi-token prediction (MTP) layers are not trained or used by grpo",
+        "hydra.": (
+            "Hydra's own settings (its output folder, logging): grpo does not run under Hydra; its folders are "
+            "logging.dir and checkpoint.dir"
+        ),
+    }
+)
+
 # trainer.logger entries -> the grpo logging switch each turns on.
 _LOGGERS: Mapping[str, str] = MappingProxyType(
     {"console": "logging.console", "tensorboard": "logging.tensorboard", "wandb": "logging.wandb"}
@@ -409,6 +444,9 @@ def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
         return _refused_settings(key, value)
     if key.startswith(_MULTI_TURN):
         raise ConfigError(f"'{key}={value}' cannot be honoured: {_NO_MULTI_TURN}.", key=key)
+    section = next((prefix for prefix in _REFUSED_SECTIONS if key.startswith(prefix)), None)
+    if section is not None:
+        raise ConfigError(f"'{key}={value}' cannot be honoured: {_REFUSED_SECTIONS[section]}.", key=key)
     return None
 
 
