@@ -307,6 +307,10 @@ READ: dict[str, tuple[str, ...]] = {
     "reward.custom_fn": (
         "packages/launchers/common/tests/test_tiny_preset.py::test_reward_travels_in_the_config_not_the_registry",
     ),
+    "actor.balance_batch": (
+        f"{SETTINGS}::test_balance_batch_gives_the_ranks_equal_tokens_of_each_mini_batch",
+        f"{TRAINER}/runtime/test_batching.py::test_balanced_split_evens_the_ranks_tokens_within_each_mini_batch",
+    ),
     "data.image_key": ("tests/test_vl_data.py::test_the_driver_reads_the_images_through_the_model_s_processor",),
     "reward.custom_fn_name": (
         f"{SETTINGS}::test_a_reward_file_and_its_function_name_reach_the_reward_manager",

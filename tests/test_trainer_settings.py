@@ -15,7 +15,8 @@ import torch
 import grpo_config
 from grpo_launch import tiny_preset
 from grpo_trainer.protocols import SamplingParams
-from grpo_trainer.trainer import _Run
+from grpo_trainer.batching import pad_rows
+from grpo_trainer.trainer import _Run, rank_shards
 from grpo_trainer.workers.policy_worker import MIN_COLLECTIVE_TIMEOUT_S, collective_timeout_s
 
 
@@ -106,6 +107,19 @@ def test_a_reward_file_and_its_function_name_reach_the_reward_manager(preset, tm
     item = {"solution_str": "x", "ground_truth": "y", "data_source": "any"}
     assert run.cfg.reward.custom_fn_name == "score_em" and run.rewards.score([item]).scores == [0.25]
     run.rewards.close()
+
+
+def test_balance_batch_gives_the_ranks_equal_tokens_of_each_mini_batch(preset) -> None:
+    """actor.balance_batch (verl's trainer.balance_batch, on by default there and here) decides how
+    the step's rows go to two data-parallel ranks: by token count, or in slices when off."""
+    cfg = grpo_config.load(preset, ["data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_device=1"])
+    responses = [[1] * n for n in (9, 8, 1, 1, 7, 6, 1, 1)]  # 2 mini-batches of 4 rows
+    batch = pad_rows([[5, 5]] * 8, responses, pad_token_id=0)
+    balanced = rank_shards(cfg, batch, dp_size=2)
+    assert cfg.actor.balance_batch and balanced == [[0, 3, 4, 7], [1, 2, 5, 6]]
+    tokens = [sum(2 + len(responses[i]) for i in shard) for shard in balanced]
+    off = grpo_config.load(preset, ["data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_device=1", "trainer.balance_batch=false"])
+    assert rank_shards(off, batch, dp_size=2) == [[0, 1, 4, 5], [2, 3, 6, 7]] and tokens == [26, 24]
 
 
 def test_collective_timeout_is_the_setting_or_past_the_longest_phase(preset) -> None:

@@ -55,7 +55,7 @@ def test_unknown_verl_key_suggests_nearest_alias() -> None:
     [
         ("actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
         ("trainer.total_epoch", "trainer.total_epochs"),
-        ("trainer.balance_batch", None),  # once: 'trainer.total_epochs'
+        ("trainer.val_only", None),
         ("actor_rollout_ref.rollout.n_agent", None),  # once: 'actor_rollout_ref.rollout.name'
     ],
 )

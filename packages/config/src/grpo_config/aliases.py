@@ -152,6 +152,7 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         "trainer.total_epochs": "total_epochs",
         "trainer.total_training_steps": "total_training_steps",
         "trainer.val_before_train": "val_before_train",
+        "trainer.balance_batch": "actor.balance_batch",
         "trainer.max_zero_advantage_steps": "max_zero_advantage_steps",
         "trainer.project_name": "project_name",
         "trainer.log_val_generations": "logging.val_generations",

@@ -159,6 +159,9 @@ class ActorConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     ppo_mini_batch_size: int = 8
+    # verl's trainer.balance_batch (its default, true): each mini-batch's rows go to the data-parallel
+    # ranks by token count so that they finish together; the update is the same (grpo_trainer.batching).
+    balance_batch: bool = True
     ppo_micro_batch_size_per_device: int = 1
     ppo_max_token_len_per_device: int = 16384
     use_dynamic_bsz: bool = False

@@ -54,9 +54,15 @@ def pad_rows(
     )
 
 
-def dp_row_split(num_rows: int, *, num_mini_batches: int, dp_size: int) -> list[list[int]]:
-    """Row indices per data-parallel rank: mini-batch m (rows [m*M, (m+1)*M)) gives rank r its r-th
-    slice; a rank's rows are its slices of mini-batch 0, 1, ... in order."""
+def dp_row_split(
+    num_rows: int, *, num_mini_batches: int, dp_size: int, lengths: Sequence[int] | None = None
+) -> list[list[int]]:
+    """Row indices per data-parallel rank: mini-batch m (rows [m*M, (m+1)*M)) gives each rank M/dp of
+    its rows; a rank's rows are its share of mini-batch 0, 1, ... in order. Without `lengths` rank r
+    takes the r-th slice; with them (each row's tokens: `actor.balance_batch`) the rows of each
+    mini-batch go to the ranks so that their token totals are as equal as a greedy longest-first
+    assignment makes them. The mini-batches keep their rows either way, and the loss is normalised
+    over the whole mini-batch, so balancing changes which rank computes a row, not the update."""
     if num_mini_batches < 1 or dp_size < 1:
         raise ValueError(f"need num_mini_batches >= 1 and dp_size >= 1, got {num_mini_batches}, {dp_size}")
     if num_rows % (num_mini_batches * dp_size):
@@ -66,10 +72,27 @@ def dp_row_split(num_rows: int, *, num_mini_batches: int, dp_size: int) -> list[
         )
     mini = num_rows // num_mini_batches
     per_rank = mini // dp_size
-    return [
-        [m * mini + r * per_rank + j for m in range(num_mini_batches) for j in range(per_rank)]
-        for r in range(dp_size)
-    ]
+    if lengths is None or dp_size == 1:
+        return [
+            [m * mini + r * per_rank + j for m in range(num_mini_batches) for j in range(per_rank)]
+            for r in range(dp_size)
+        ]
+    if len(lengths) != num_rows:
+        raise ValueError(f"{len(lengths)} row lengths for {num_rows} rows")
+    shards: list[list[int]] = [[] for _ in range(dp_size)]
+    for m in range(num_mini_batches):
+        rows = sorted(range(m * mini, (m + 1) * mini), key=lambda i: (-lengths[i], i))
+        taken = [0] * dp_size
+        tokens = [0] * dp_size
+        share: list[list[int]] = [[] for _ in range(dp_size)]
+        for i in rows:
+            rank = min((r for r in range(dp_size) if taken[r] < per_rank), key=lambda r: (tokens[r], r))
+            share[rank].append(i)
+            taken[rank] += 1
+            tokens[rank] += lengths[i]
+        for rank in range(dp_size):
+            shards[rank].extend(sorted(share[rank]))
+    return shards
 
 
 def mini_batch_rows(num_rows: int, num_mini_batches: int) -> list[list[int]]:

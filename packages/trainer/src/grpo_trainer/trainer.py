@@ -25,7 +25,7 @@ from grpo_device import DeviceKind
 from grpo_trainer.algo import grpo_math
 from grpo_trainer.algo.reward_shaping import KLController, kl_reward_penalty
 from grpo_trainer.algo.rollout_correction import RolloutCorrection, mismatch_metrics
-from grpo_trainer.batching import dp_row_split, pad_rows, response_budget
+from grpo_trainer.batching import dp_row_split, pad_rows, response_budget, row_lengths
 from grpo_trainer.data import PromptItem, ResumableSampler, datasets_for
 from grpo_trainer.data.images import load_processor
 from grpo_trainer.devices import resolve_device_kind, with_device_kind
@@ -66,6 +66,17 @@ class TrainResult:
     wall_time_s: float = 0.0
 
 
+
+
+def rank_shards(cfg: TrainerConfig, batch: PolicyBatch, dp_size: int) -> list[list[int]]:
+    """The rows each data-parallel rank trains on: its share of every mini-batch, balanced by
+    token count with actor.balance_batch."""
+    return dp_row_split(
+        batch.input_ids.shape[0],
+        num_mini_batches=cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size,
+        dp_size=dp_size,
+        lengths=row_lengths(batch) if cfg.actor.balance_batch else None,
+    )
 
 class _Run:
     """State of one `train` call: the data, the rewards, the algorithm's state and the step count;
@@ -142,8 +153,7 @@ class _Run:
         if any(item.images for item in rollout.items):
             batch.vision = [self.vision.of(item) for item in rollout.items]
         self.vision.keep_only(mode.prompts_in_flight())
-        num_mini_batches = cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size
-        shards = dp_row_split(len(rollout.generations), num_mini_batches=num_mini_batches, dp_size=workers.dp_size)
+        shards = rank_shards(cfg, batch, workers.dp_size)
 
         rollout_log_probs = batch.rollout_log_probs
         assert rollout_log_probs is not None  # pad_rows was given them
@@ -168,7 +178,12 @@ class _Run:
         metrics.update(self.correct(batch, rollout))
 
         with timer("update"):
-            update = workers.update(batch, shards, num_mini_batches=num_mini_batches, ppo_epochs=cfg.actor.ppo_epochs)
+            update = workers.update(
+                batch,
+                shards,
+                num_mini_batches=cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size,
+                ppo_epochs=cfg.actor.ppo_epochs,
+            )
         mode.after_update(self.step, timer)
 
         metrics.update(

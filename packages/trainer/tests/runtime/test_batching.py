@@ -142,3 +142,21 @@ def test_split_ranks_and_step_seeds() -> None:
     seeds = {step_seed(1, step, rank) for step in range(50) for rank in range(4)}
     assert len(seeds) == 200 and all(0 <= s < 2**31 for s in seeds)
     assert step_seed(1, 3, 0) == step_seed(1, 3, 0) != step_seed(2, 3, 0)
+
+
+def test_balanced_split_evens_the_ranks_tokens_within_each_mini_batch() -> None:
+    """actor.balance_batch: each mini-batch's rows go to the ranks longest first, each rank taking
+    its equal share; the mini-batches keep their rows, so the update is the same
+    (test_grpo_math_scaling: any split of a mini-batch gives its gradient)."""
+    lengths = [100, 90, 10, 5, 80, 4, 3, 2, 50, 50, 50, 50, 1, 1, 1, 1]
+    shards = dp_row_split(16, num_mini_batches=2, dp_size=2, lengths=lengths)
+    assert shards == [[0, 2, 3, 5, 8, 10, 12, 14], [1, 4, 6, 7, 9, 11, 13, 15]]
+    for mini in (range(0, 8), range(8, 16)):
+        totals = [sum(lengths[i] for i in shard if i in mini) for shard in shards]
+        assert [sum(1 for i in shard if i in mini) for shard in shards] == [4, 4]
+        slices = [sum(lengths[i] for i in mini[r * 4 : (r + 1) * 4]) for r in range(2)]
+        assert max(totals) - min(totals) <= max(slices) - min(slices)
+    assert [sum(lengths[i] for i in s) for s in shards] == [221, 277]  # 405 and 93 as slices
+    assert dp_row_split(16, num_mini_batches=2, dp_size=1, lengths=lengths) == [list(range(16))]
+    with pytest.raises(ValueError, match="3 row lengths for 16 rows"):
+        dp_row_split(16, num_mini_batches=2, dp_size=2, lengths=[1, 2, 3])
