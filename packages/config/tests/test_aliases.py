@@ -210,9 +210,13 @@ def test_verl_resume_mode_and_engine_switches_map() -> None:
             "rollout.engine=vllm",
             "actor_rollout_ref.rollout.enable_chunked_prefill=True",
             "actor_rollout_ref.rollout.enable_prefix_caching=False",
+            "actor_rollout_ref.rollout.max_num_seqs=256",
+            "actor_rollout_ref.rollout.disable_log_stats=False",
         ],
     )
-    assert engine.rollout.engine_kwargs == {"enable_chunked_prefill": True, "enable_prefix_caching": False}
+    assert engine.rollout.engine_kwargs == {
+        "enable_chunked_prefill": True, "enable_prefix_caching": False, "max_num_seqs": 256, "disable_log_stats": False,
+    }
 
 
 def test_verl_logging_and_reward_manager_keys_map(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -122,6 +122,8 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         # verl passes these straight to vLLM's engine, as rollout.engine_kwargs does.
         f"{_RO}.enable_chunked_prefill": "rollout.engine_kwargs.enable_chunked_prefill",
         f"{_RO}.enable_prefix_caching": "rollout.engine_kwargs.enable_prefix_caching",
+        f"{_RO}.max_num_seqs": "rollout.engine_kwargs.max_num_seqs",
+        f"{_RO}.disable_log_stats": "rollout.engine_kwargs.disable_log_stats",
         "trainer.resume_from_path": "checkpoint.resume",
         f"{_RO}.engine_kwargs.vllm.max_model_len": "rollout.max_model_len",
         f"{_RO}.val_kwargs.n": "rollout.val_n",
