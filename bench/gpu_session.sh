@@ -10,6 +10,8 @@
 #                    compiles for ~2.5 min, so the two may need a call each (600 s a call)
 #   prod[=ARGS]      bench/gpu_production_path.py (Megatron actor + vLLM rollout in train(); needs vLLM
 #                    (.vx1, .vx2, .whl) and Ray (.rayw) unpacked)
+#   real[=ARGS]      bench/gpu_real_shape.py (train() at the 35B's layer shapes vs vLLM's own generate; needs
+#                    vLLM and Ray, as prod)
 #   sync[=ARGS]      bench/gpu_weight_sync.py (the full-size Qwen3.5-35B-A3B weight sync; needs vLLM)
 #   decode[=ARGS]    bench/gpu_rollout_decode.py (the cost model's decode / prefill / CPU-Adam constants; needs vLLM)
 #   e.g. bash bench/gpu_session.sh alloc tests train=--steps,50,--split,40 mfu=qwen3moe+gmm,8,32,8,768,2048,16,2048,4
@@ -24,7 +26,7 @@ for d in .vx1 .vx2 .whl .whl2 .rayw; do
   [ -d "$d" ] && { bash bench/gpu_unpack.sh "$d" || exit 1; }
 done
 root=$PWD
-export PYTHONPATH=/tmp/site:/tmp/site_fla:$root/packages/launchers/common/src:$root/packages/tiny/src:$root/packages/trainer/src:$root/packages/config/src:$root/packages/device/src:$root/packages/ckpt/src:$root/packages/trainer/tests/megatron
+export PYTHONPATH=/tmp/site:/tmp/site_fla:$root/packages/launchers/common/src:$root/packages/launchers/qwen35_35b/src:$root/packages/tiny/src:$root/packages/trainer/src:$root/packages/config/src:$root/packages/device/src:$root/packages/ckpt/src:$root/packages/trainer/tests/megatron
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
@@ -59,6 +61,12 @@ for part in "$@"; do
       VLLM_USE_FLASHINFER_SAMPLER=0 timeout 560 python3 bench/gpu_production_path.py --out "$OUT" ${args//,/ } 2>&1 \
         | grep -v "Loading weights\|Writing model" > "$OUT/production_path.log" || status=1
       grep '^{"run"' "$OUT/production_path.log"; tail -n 5 "$OUT/production_path.log" ;;
+    real|real=*)
+      args=${part#real}; args=${args#=}
+      [ -f /tmp/site/vllm/__init__.py ] && [ -d /tmp/site/ray ] || { echo "COLD MACHINE: vLLM or Ray is not in /tmp/site"; exit 2; }
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 580 python3 bench/gpu_real_shape.py --out "$OUT" ${args//,/ } 2>&1 \
+        | grep -v "Loading weights\|Writing model" > "$OUT/real_shape.log" || status=1
+      grep '^{"layers"\|^REAL SHAPE' "$OUT/real_shape.log"; tail -n 5 "$OUT/real_shape.log" ;;
     sync|sync=*)
       args=${part#sync}; args=${args#=}
       [ -f /tmp/site/vllm/__init__.py ] || { echo "COLD MACHINE: vLLM is not in /tmp/site"; exit 2; }

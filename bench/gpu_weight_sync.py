@@ -168,14 +168,18 @@ def timed_sync(engine: Any, tensors: list[tuple[str, torch.Tensor]], nbytes: int
     return {"s": round(s, 3), "GB_per_s": round(nbytes / 1e9 / s, 1)}
 
 
-def raw_vs_adapter(engine: Any, *, prompts: int, n: int, max_tokens: int, runs: int) -> dict[str, Any]:
-    """The same prompts and sampling settings through vLLM's own `LLM.generate` (the requests and
-    `vllm.SamplingParams` our adapter builds) and through `engine.generate`, alternating, `runs`
-    each; seconds and tokens per second, medians, and their ratio."""
+def raw_vs_adapter(
+    engine: Any, *, prompts: int, n: int, max_tokens: int, runs: int, ids: list[list[int]] | None = None
+) -> dict[str, Any]:
+    """The same prompts (`ids`, else `prompts` random ones) and sampling settings through vLLM's own
+    `LLM.generate` (the requests and `vllm.SamplingParams` our adapter builds) and through
+    `engine.generate`, alternating, `runs` each; seconds and tokens per second, medians, and their ratio."""
     from grpo_trainer.protocols import SamplingParams
 
     g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(10, 500, (int(n_),), generator=g).tolist() for n_ in torch.randint(32, 96, (prompts,), generator=g)]
+    if ids is None:
+        ids = [torch.randint(10, 500, (int(n_),), generator=g).tolist() for n_ in torch.randint(32, 96, (prompts,), generator=g)]
+    prompts = len(ids)
     params = SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=max_tokens, seed=0)
     per_prompt = [engine.vllm_sampling_params(params, seed=i * n) for i in range(prompts)]
     requests = [{"prompt_token_ids": p} for p in ids]
