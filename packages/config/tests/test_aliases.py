@@ -305,6 +305,10 @@ def test_verl_sections_grpo_has_not_are_refused_with_their_reason(override: str,
         ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "constant after actor.lr_warmup_steps"),
         ("actor_rollout_ref.model.use_fused_kernels=True", "without its fused kernels"),
         ("actor_rollout_ref.rollout.mode=agent", "only 'sync' or 'async' is accepted"),
+        ("actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "constant after actor.lr_warmup_steps"),
+        ("trainer.val_only=True", "only validates is not in grpo"),
+        ("actor_rollout_ref.rollout.ignore_eos=True", "stop a response at the end-of-sequence token"),
+        ("actor_rollout_ref.rollout.load_format=dummy", "only 'auto' or 'safetensors' is accepted"),
     ],
 )
 def test_verl_keys_that_restate_grpo_are_dropped_and_others_refused(override: str, refused_because: str) -> None:
@@ -318,6 +322,10 @@ def test_verl_keys_that_restate_grpo_are_dropped_and_others_refused(override: st
         "actor_rollout_ref.actor.optim.lr_decay_style": "constant",
         "actor_rollout_ref.model.use_fused_kernels": "False",
         "actor_rollout_ref.rollout.mode": "async",
+        "actor_rollout_ref.actor.optim.lr_scheduler_type": "constant",
+        "trainer.val_only": "false",
+        "actor_rollout_ref.rollout.ignore_eos": "False",
+        "actor_rollout_ref.rollout.load_format": "safetensors",
     }[key]
     with capture_logs() as logs:
         assert load(None, [f"{key}={accepted}"]) == load(None, [])
@@ -334,6 +342,7 @@ def test_verl_keys_that_change_only_speed_are_dropped_whatever_their_value() -> 
                 "data.filter_overlong_prompts_workers=64",
                 "ray_kwargs.ray_init.runtime_env.py_executable=uv -v run --frozen --extra vllm",
                 "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
+                "trainer.use_legacy_worker_impl=disable",
             ],
         )
     assert cfg == load(None, [])
@@ -341,4 +350,5 @@ def test_verl_keys_that_change_only_speed_are_dropped_whatever_their_value() -> 
         "data.filter_overlong_prompts_workers",
         "ray_kwargs.ray_init.runtime_env.py_executable",
         "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
+        "trainer.use_legacy_worker_impl",
     }

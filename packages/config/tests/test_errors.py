@@ -55,7 +55,8 @@ def test_unknown_verl_key_suggests_nearest_alias() -> None:
     [
         ("actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
         ("trainer.total_epoch", "trainer.total_epochs"),
-        ("trainer.val_only", None),
+        ("trainer.rollout_data_dir", None),
+        ("algorithm.gamma", None),  # once: 'algorithm', the section it is in
         ("actor_rollout_ref.rollout.n_agent", None),  # once: 'actor_rollout_ref.rollout.name'
     ],
 )

@@ -250,6 +250,32 @@ _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
             ("constant",),
             "grpo's learning rate is constant after actor.lr_warmup_steps, as verl's 'constant'",
         ),
+        f"{_A}.optim.lr_scheduler_type": (
+            ("constant",),
+            "grpo's learning rate is constant after actor.lr_warmup_steps, as verl's 'constant'",
+        ),
+        f"{_A}.optim.warmup_style": (
+            ("constant",),
+            "verl's former name of lr_scheduler_type: grpo's learning rate is constant after actor.lr_warmup_steps",
+        ),
+        "trainer.val_only": (
+            (False,),
+            "grpo trains as verl does with val_only=false (its default); a run that only validates is not in grpo",
+        ),
+        f"{_RO}.ignore_eos": (
+            (False,),
+            "grpo's engines stop a response at the end-of-sequence token, as verl's default (false)",
+        ),
+        f"{_RO}.load_format": (
+            ("auto", "safetensors"),
+            "grpo's engine loads the checkpoint's safetensors (vLLM's auto), then takes the actor's weights at "
+            "every weight sync",
+        ),
+        "trainer.use_legacy_worker_impl": (
+            ANY_VALUE,
+            "it picks between verl's two implementations of its workers; grpo's workers are its own, and the "
+            "run's settings are read the same whichever verl would pick",
+        ),
         f"{_A}.fsdp_config.param_offload": ((False,), _FSDP_OFFLOAD.format(what="parameters", ours="param_offload")),
         f"{_A}.fsdp_config.optimizer_offload": (
             (False,),

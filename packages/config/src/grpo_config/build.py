@@ -55,7 +55,11 @@ def unknown_key_error(path: str, name: str, siblings: list[str]) -> ConfigError:
     if close:
         guess = join(path, close[0])
     else:
-        whole = difflib.get_close_matches(key, [*schema_keys(), *all_alias_keys()], n=1, cutoff=0.6)
+        # The same name under a near-identical path (a typo in the path). Whole keys compared loosely
+        # suggest the section the key is in, or a sibling sharing its prefix ('algorithm.gamma' ->
+        # 'algorithm', 'algorithm.adv_eps').
+        same_name = [k for k in (*schema_keys(), *all_alias_keys()) if k.rpartition(".")[2] == name]
+        whole = difflib.get_close_matches(key, same_name, n=1, cutoff=0.8)
         guess = whole[0] if whole else None
     where = f"under '{path}'" if path else "at the top level"
     hint = f"Did you mean '{guess}'?" if guess else f"Valid keys {where}: {', '.join(siblings)}."
