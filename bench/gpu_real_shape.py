@@ -105,13 +105,14 @@ def planned_gib(cfg: Any, model_dir: Path) -> dict[str, Any]:
 
 
 def one_pair(workdir: Path, *, layers: int, steps: int, response: int, raw_runs: int) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
     import grpo_config
     from grpo_launch import tiny_preset
     from grpo_trainer import read_metrics, train
     from grpo_trainer.batching import response_budget
     from grpo_trainer.data import datasets_for
     from grpo_trainer.rollout.vllm_engine import VLLMRolloutEngine
-    from transformers import AutoTokenizer
 
     preset = tiny_preset(workdir)
     model_dir = write_checkpoint(Path(preset["actor"]["model_path"]), workdir / "model35b", layers)

@@ -14,9 +14,9 @@ import torch
 
 import grpo_config
 from grpo_launch import tiny_preset
+from grpo_trainer.batching import pad_rows, rank_shards
 from grpo_trainer.protocols import SamplingParams
-from grpo_trainer.batching import pad_rows
-from grpo_trainer.trainer import _Run, rank_shards
+from grpo_trainer.trainer import _Run
 from grpo_trainer.workers.policy_worker import MIN_COLLECTIVE_TIMEOUT_S, collective_timeout_s
 
 

@@ -269,7 +269,7 @@ def test_verl_s_newer_reward_section_and_custom_reward_function_map() -> None:
     assert load(None, ["reward.custom_reward_function.path=r.py"]).reward.custom_fn == "r.py"
     with pytest.raises(ConfigError, match="only 'naive' or 'dapo' is accepted"):
         load(None, ["reward.reward_manager.name=prime"])
-    with pytest.raises(ConfigError, match="names a function of reward.custom_fn, which is not set"):
+    with pytest.raises(ConfigError, match=r"names a function of reward\.custom_fn, which is not set"):
         load(None, ["custom_reward_function.name=compute_score_em"])
     with pytest.raises(ConfigError, match="names its function already"):
         load(None, ["reward.custom_fn=pkg.mod:fn", "custom_reward_function.name=other"])

@@ -209,9 +209,9 @@ def test_custom_fn_from_a_file_as_verl_names_it(tmp_path, monkeypatch):
     assert scores[0] == scores[1] != float(os.getpid()) and not any("thread" in e["event"] for e in logs)
     with rw.RewardManager(5.0, "recipe/my_reward.py:score_em", isolation="thread") as m:
         assert m.score([item("a")]).scores == [float(os.getpid())]
-    with pytest.raises(rw.CustomRewardError, match="no file .*missing.py"):
+    with pytest.raises(rw.CustomRewardError, match=r"no file .*missing\.py"):
         rw.RewardManager(2.0, "recipe/missing.py")
-    with pytest.raises(rw.CustomRewardError, match="'.*my_reward.py' has no attribute 'nope'"):
+    with pytest.raises(rw.CustomRewardError, match=r"'.*my_reward\.py' has no attribute 'nope'"):
         rw.RewardManager(2.0, "recipe/my_reward.py", custom_fn_name="nope")
 
 

@@ -95,6 +95,16 @@ def dp_row_split(
     return shards
 
 
+def rank_shards(cfg: TrainerConfig, batch: PolicyBatch, dp_size: int) -> list[list[int]]:
+    """The rows each data-parallel rank trains on: its share of every mini-batch, balanced by
+    token count with actor.balance_batch."""
+    return dp_row_split(
+        batch.input_ids.shape[0],
+        num_mini_batches=cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size,
+        dp_size=dp_size,
+        lengths=row_lengths(batch) if cfg.actor.balance_batch else None,
+    )
+
 def mini_batch_rows(num_rows: int, num_mini_batches: int) -> list[list[int]]:
     """A rank's rows as `num_mini_batches` consecutive equal blocks (its slice of each mini-batch)."""
     if num_mini_batches < 1 or num_rows % num_mini_batches:

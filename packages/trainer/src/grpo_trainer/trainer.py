@@ -25,7 +25,7 @@ from grpo_device import DeviceKind
 from grpo_trainer.algo import grpo_math
 from grpo_trainer.algo.reward_shaping import KLController, kl_reward_penalty
 from grpo_trainer.algo.rollout_correction import RolloutCorrection, mismatch_metrics
-from grpo_trainer.batching import dp_row_split, pad_rows, response_budget, row_lengths
+from grpo_trainer.batching import pad_rows, rank_shards, response_budget
 from grpo_trainer.data import PromptItem, ResumableSampler, datasets_for
 from grpo_trainer.data.images import load_processor
 from grpo_trainer.devices import resolve_device_kind, with_device_kind
@@ -67,16 +67,6 @@ class TrainResult:
 
 
 
-
-def rank_shards(cfg: TrainerConfig, batch: PolicyBatch, dp_size: int) -> list[list[int]]:
-    """The rows each data-parallel rank trains on: its share of every mini-batch, balanced by
-    token count with actor.balance_batch."""
-    return dp_row_split(
-        batch.input_ids.shape[0],
-        num_mini_batches=cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size,
-        dp_size=dp_size,
-        lengths=row_lengths(batch) if cfg.actor.balance_batch else None,
-    )
 
 class _Run:
     """State of one `train` call: the data, the rewards, the algorithm's state and the step count;
