@@ -38,6 +38,7 @@ class Row:
     backend: str
     note: str
     refused_lines: list[tuple[str, str]] = field(default_factory=list)  # (override, reason)
+    model: str = ""
 
 
 def _manifest() -> list[dict[str, str]]:
@@ -73,7 +74,7 @@ def _build_table() -> list[Row]:
         notes = [n for n, on in (("static", call.static), ("placeholders", call.placeholders)) if on]
         rows.append(Row(entry["file"], len(call.overrides), mapped, len(conversion.inert), len(conversion.refused),
                         conversion.settings.get("actor", {}).get("backend", "torch"), ",".join(notes),
-                        conversion.refused))
+                        conversion.refused, str(conversion.settings.get("actor", {}).get("model_path", ""))))
     print(f"\n{'script':<90} {'lines':>5} {'mapped':>6} {'inert':>5} {'refused':>7} backend  notes")
     for r in rows:
         print(f"{r.file[-90:]:<90} {r.lines:>5} {r.mapped:>6} {r.inert:>5} {r.refused:>7} {r.backend:<8} {r.note}")
@@ -155,3 +156,38 @@ def test_the_docs_list_every_refused_key_with_its_count_and_reason(table: list[R
     assert REFUSED_DOC.read_text() == text, (
         "docs/VERL_REFUSED.md is out of date: GRPO_WRITE_DOCS=1 hatch run pytest tests/test_verl_corpus.py"
     )
+
+
+_QWEN_MOE = re.compile(r"Qwen3(?:\.5)?(?:-VL)?-[\d.]+B-A\d+B|Qwen3-Next")
+
+
+def test_each_qwen_moe_megatron_script_launches_or_names_what_it_refuses(table: list[Row], tmp_path, monkeypatch, capsys) -> None:
+    """`launch-35b --from-verl SCRIPT --dry-run --device gpu` (in-process, as test_launch_cli runs the
+    launchers) over every Megatron script of the corpus whose model is a Qwen3 / Qwen3.5 MoE: the
+    script's sizes over the 35B profile plan, or exit 2 with one line naming the settings refused."""
+    import logging
+
+    import structlog
+
+    from grpo_launch_qwen35_35b import main
+
+    scripts = [r.file for r in table if r.backend == "megatron" and _QWEN_MOE.search(r.model)]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("DEVICE", raising=False)
+    handlers = list(logging.getLogger().handlers)
+    outcomes = {}
+    try:
+        for file in scripts:
+            code = main(["--from-verl", str(CORPUS / file), "--dry-run", "--device", "gpu", "--output-dir", str(tmp_path / "o")])
+            err = capsys.readouterr().err
+            errors = [line for line in err.splitlines() if line.startswith("error:")]
+            outcomes[file] = (code, errors)
+    finally:
+        structlog.reset_defaults()
+        logging.getLogger().handlers[:] = handlers
+    assert len(scripts) >= 18
+    bad = {f: o for f, o in outcomes.items() if not (o[0] == 0 or (o[0] == 2 and len(o[1]) == 1))}
+    assert bad == {}
+    named = [e for code, (e,) in ((c, es) for c, es in outcomes.values() if c == 2) if "cannot be honoured" in e or "requires" in e]
+    assert len(named) == sum(c == 2 for c, _ in outcomes.values())
+    assert sum(c == 0 for c, _ in outcomes.values()) >= 2  # the two Qwen3.5 seed scripts
