@@ -101,6 +101,20 @@ class GpuMemoryPeak:
         self._thread.join()
 
 
+def phase_medians(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each phase's median seconds over the metrics rows that time it."""
+    return {
+        p: statistics.median(r[f"timing/{p}_s"] for r in rows if f"timing/{p}_s" in r)
+        for p in PHASES
+        if any(f"timing/{p}_s" in r for r in rows)
+    }
+
+
+def rollout_tokens_per_s(rows: list[dict[str, Any]], sequences: int) -> float:
+    """The median rollout throughput: response tokens generated a step over its generate seconds."""
+    return statistics.median(r["response_length/mean"] * sequences / r["timing/generate_s"] for r in rows)
+
+
 def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any]:
     import grpo_config
     from grpo_launch import tiny_preset
@@ -153,16 +167,10 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
         "reward_first10": statistics.fmean(rewards[:10]),
         "reward_last10": statistics.fmean(rewards[-10:]),
         "rewards": rewards,
-        "phase_s_median": {
-            p: statistics.median(r[f"timing/{p}_s"] for r in later if f"timing/{p}_s" in r)
-            for p in PHASES
-            if any(f"timing/{p}_s" in r for r in later)
-        },
+        "phase_s_median": phase_medians(later),
         "step1_s": rows[1]["timing/step_s"],
         "steps_per_s": len(rows) / sum(r["timing/step_s"] for r in rows.values()),
-        "rollout_tokens_per_s_median": statistics.median(
-            r["response_length/mean"] * sequences / r["timing/generate_s"] for r in later
-        ),
+        "rollout_tokens_per_s_median": rollout_tokens_per_s(later, sequences),
         "logprob_abs_diff_max": max(r["rollout/logprob_abs_diff"] for r in rows.values()),
         "grad_norms": [r.get("actor/grad_norm", float("nan")) for r in rows.values()],
         "gpu_memory_peak_mib": memory.peak,

@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gpu_production_path import PHASES, GpuMemoryPeak
+from gpu_production_path import GpuMemoryPeak, phase_medians, rollout_tokens_per_s
 from gpu_weight_sync import TEXT, raw_vs_adapter
 
 VISION = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2}
@@ -126,13 +126,8 @@ def one_pair(workdir: Path, *, layers: int, steps: int, response: int, raw_runs:
     summary: dict[str, Any] = {
         "layers": layers,
         "final_step": result.final_step,
-        "phase_s_median": {
-            p: statistics.median(r[f"timing/{p}_s"] for r in later if f"timing/{p}_s" in r)
-            for p in PHASES if any(f"timing/{p}_s" in r for r in later)
-        },
-        "train_rollout_tokens_per_s": statistics.median(
-            r["response_length/mean"] * sequences / r["timing/generate_s"] for r in later
-        ),
+        "phase_s_median": phase_medians(later),
+        "train_rollout_tokens_per_s": rollout_tokens_per_s(later, sequences),
         "response_length_mean": statistics.fmean(r["response_length/mean"] for r in later),
         "rewards": [r["reward/mean"] for r in rows.values()],
         "grad_norms": [r.get("actor/grad_norm", float("nan")) for r in rows.values()],

@@ -192,6 +192,7 @@ _FSDP_OFFLOAD = (
     "backend's (actor.megatron.{ours}, ref.megatron.param_offload)"
 )
 
+_CONSTANT_LR = "grpo's learning rate is constant after actor.lr_warmup_steps, as verl's 'constant'"
 _REWARD_MANAGER = (
     "grpo's reward manager scores each response as verl's naive one and adds the overlong penalty of "
     "verl's dapo one when reward.overlong_buffer.enable (verl's overlong_buffer_cfg) is set"
@@ -248,15 +249,15 @@ _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
         ),
         f"{_A}.optim.lr_decay_style": (
             ("constant",),
-            "grpo's learning rate is constant after actor.lr_warmup_steps, as verl's 'constant'",
+            _CONSTANT_LR,
         ),
         f"{_A}.optim.lr_scheduler_type": (
             ("constant",),
-            "grpo's learning rate is constant after actor.lr_warmup_steps, as verl's 'constant'",
+            _CONSTANT_LR,
         ),
         f"{_A}.optim.warmup_style": (
             ("constant",),
-            "verl's former name of lr_scheduler_type: grpo's learning rate is constant after actor.lr_warmup_steps",
+            f"verl's former name of lr_scheduler_type: {_CONSTANT_LR}",
         ),
         "trainer.val_only": (
             (False,),
