@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one device call runs on the lent H200 (docs/benchmarks.md quotes its output). Parts, by argument:
 #   alloc            the real-CUDA allocator test (packages/device)
-#   tests[=EXPR]     the Megatron GPU tests (pytest -k EXPR when given)
+#   tests[=EXPR]     the Megatron GPU tests and the torch backend's offload test (pytest -k EXPR when given)
 #   train[=ARGS]     bench/megatron_gpu_train.py (train() megatron vs torch; ARGS comma-separated)
 #   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable; one process per spec)
 #   smoke[=RUNS]     the production path on the tiny presets, text (offload) and VL, 5 steps each: one
@@ -40,7 +40,8 @@ for part in "$@"; do
     tests|tests=*)
       expr=${part#tests}; expr=${expr#=}
       timeout 420 python3 -m pytest -p no:cacheprovider -q -rs -s ${expr:+-k "$expr"} \
-        packages/trainer/tests/megatron/test_megatron_gpu.py packages/trainer/tests/megatron/test_fusions.py tests/test_vl_megatron_gpu.py 2>&1 \
+        packages/trainer/tests/megatron/test_megatron_gpu.py packages/trainer/tests/megatron/test_fusions.py tests/test_vl_megatron_gpu.py \
+        packages/trainer/tests/runtime/test_torch_backend.py::test_offload_frees_the_device_on_cuda 2>&1 \
         | grep -v -e "Loading weights" -e "Writing model" -e "Warning:" -e "warnings.warn" | tee "$OUT/megatron_gpu_tests.log" | tail -n 30 || status=1 ;;
     train|train=*)
       args=${part#train}; args=${args#=}

@@ -25,6 +25,11 @@ KEYS = [
     "actor_rollout_ref.actor.optim.lr",
     "actor_rollout_ref.actor.ppo_mini_batch_size",
     "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.ref.strategy",
+    "actor_rollout_ref.actor.ppo_micro_batch_size",
+    "actor_rollout_ref.actor.fsdp_config.param_offload",
+    "trainer.n_gpus_per_node",
+    "trainer.resume_mode",
     "actor_rollout_ref.actor.megatron.param_offload",
     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
     "actor_rollout_ref.rollout.name",
@@ -38,7 +43,7 @@ KEYS = [
     "model_engine",
     "+some.unknown.key",
 ]
-WORDS = st.sampled_from(["grpo", "megatron", "vllm", "FULL_DECODE_ONLY", "none", "True", "1e-6", "0.5", "8", "a b"])
+WORDS = st.sampled_from(["grpo", "megatron", "fsdp2", "vllm", "FULL_DECODE_ONLY", "none", "True", "1e-6", "0.5", "8", "a b"])
 SCALARS = st.one_of(
     WORDS,
     st.integers(-3, 4096).map(str),

@@ -159,6 +159,15 @@ READ: dict[str, tuple[str, ...]] = {
     "actor.megatron.use_distributed_optimizer": (OPTIMIZER,),
     "actor.megatron.optimizer_offload_fraction": (OPTIMIZER,),
     "actor.megatron.param_offload": (f"{MEMORY}::test_each_offload_setting_moves_its_own_part",),
+    "actor.torch.param_offload": (
+        f"{MEMORY}::test_the_torch_backend_offloads_its_weights_with_their_gradients",
+        f"{TORCH}::test_offload_frees_the_device_on_cuda",
+    ),
+    "actor.torch.optimizer_offload": (
+        f"{MEMORY}::test_the_torch_backend_offloads_its_weights_with_their_gradients",
+        f"{TORCH}::test_offload_frees_the_device_on_cuda",
+    ),
+    "ref.torch.param_offload": (f"{TORCH}::test_a_parked_reference_moves_to_the_device_only_for_its_own_pass",),
     "actor.megatron.grad_offload": (f"{MEMORY}::test_each_offload_setting_moves_its_own_part",),
     "actor.megatron.optimizer_offload": (
         f"{MEMORY}::test_each_offload_setting_moves_its_own_part",

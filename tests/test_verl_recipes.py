@@ -279,6 +279,45 @@ def test_verl_defaults_grpo_shares_are_inert_and_other_values_refused() -> None:
     assert "(only 1 is accepted)" in refused["actor_rollout_ref.rollout.expert_parallel_size=2"]
 
 
+@pytest.mark.parametrize(
+    ("lines", "per_device"),
+    [
+        # FSDP: the world over the Ulysses size (verl's fsdp_workers); verl's default world is 1 x 8
+        (["actor_rollout_ref.actor.ppo_micro_batch_size=64"], 8),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size=64", "trainer.n_gpus_per_node=4", "trainer.nnodes=2"], 8),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size=32", "trainer.n_gpus_per_node=4"], 8),
+        # Megatron: the data-parallel size, the world over tensor x pipeline x context (megatron_workers)
+        (
+            ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.ppo_micro_batch_size=32",
+             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+            8,
+        ),
+    ],
+)
+def test_verls_global_micro_batch_sizes_are_divided_by_the_data_parallel_size(lines, per_device) -> None:
+    """verl's deprecated global sizes become the per-device ones its workers divide them into; the
+    line is reported as the script wrote it."""
+    conversion = convert(lines)
+    assert conversion.settings["actor"]["ppo_micro_batch_size_per_device"] == per_device
+    written = next(line for line in lines if line.startswith("actor_rollout_ref.actor.ppo_micro_batch_size="))
+    assert written in conversion.accepted and not conversion.refused
+
+
+def test_verls_global_micro_batch_sizes_null_is_inert_and_a_size_below_one_device_refused() -> None:
+    conversion = convert([
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size=null",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+    ])
+    assert [line for line, _ in conversion.inert] == ["actor_rollout_ref.rollout.log_prob_micro_batch_size=null"]
+    refused = dict(conversion.refused)
+    # 4 over verl's default 8 devices is less than one row a device; and a key given both ways
+    assert "deprecated global micro-batch size" in refused["actor_rollout_ref.actor.ppo_micro_batch_size=4"]
+    assert "deprecated global micro-batch size" in refused["actor_rollout_ref.ref.log_prob_micro_batch_size=4"]
+    assert conversion.settings["ref"] == {"log_prob_micro_batch_size_per_device": 2}
+
+
 def test_multi_turn_keys_are_refused_with_that_reason_until_grpo_has_them() -> None:
     conversion = convert([
         "actor_rollout_ref.rollout.multi_turn.enable=True",

@@ -280,8 +280,8 @@ def test_verl_s_newer_reward_section_and_custom_reward_function_map() -> None:
     [
         ("critic.optim.lr=1e-5", "GRPO trains no critic"),
         ("+distillation.distillation_loss.topk=64", "distillation"),
-        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=8", "grpo's torch backend trains with DDP"),
-        ("actor_rollout_ref.ref.fsdp_config.reshard_after_forward=True", "grpo's torch backend trains with DDP"),
+        ("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16", "grpo's torch backend trains with DDP"),
+        ("actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params=0", "grpo's torch backend trains with DDP"),
         ("global_profiler.tool=nsys", "grpo has no profiler setting"),
         ("+retriever.url=http://127.0.0.1:8000/retrieve", "multi-turn rollouts"),
         ("hydra.run.dir=outputs", "grpo does not run under Hydra"),
@@ -293,14 +293,15 @@ def test_verl_sections_grpo_has_not_are_refused_with_their_reason(override: str,
     with pytest.raises(ConfigError, match=refused_because) as info:
         load(None, [override])
     assert "Unknown config key" not in str(info.value)
-    assert load(None, ["actor_rollout_ref.actor.fsdp_config.param_offload=False"]) == load(None, [])
+    assert load(None, ["actor_rollout_ref.actor.fsdp_config.forward_prefetch=False"]) == load(None, [])
 
 
 @pytest.mark.parametrize(
     ("override", "refused_because"),
     [
         ("reward_model.reward_manager=prime", "only 'naive' or 'dapo' is accepted"),
-        ("actor_rollout_ref.actor.fsdp_config.param_offload=True", "offloading is the Megatron backend's"),
+        ("actor_rollout_ref.actor.fsdp_config.grad_offload=sometimes", "only True or False is accepted"),
+        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=8", "stands in for verl's FSDP with DDP"),
         ("actor_rollout_ref.ref.use_torch_compile=sometimes", "only True or False is accepted"),
         ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "constant after actor.lr_warmup_steps"),
         ("actor_rollout_ref.model.use_fused_kernels=True", "without its fused kernels"),
@@ -317,7 +318,8 @@ def test_verl_keys_that_restate_grpo_are_dropped_and_others_refused(override: st
     key, _, _ = override.partition("=")
     accepted = {
         "reward_model.reward_manager": "naive",
-        "actor_rollout_ref.actor.fsdp_config.param_offload": "False",
+        "actor_rollout_ref.actor.fsdp_config.grad_offload": "True",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size": "-1",
         "actor_rollout_ref.ref.use_torch_compile": "True",
         "actor_rollout_ref.actor.optim.lr_decay_style": "constant",
         "actor_rollout_ref.model.use_fused_kernels": "False",
@@ -352,3 +354,63 @@ def test_verl_keys_that_change_only_speed_are_dropped_whatever_their_value() -> 
         "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
         "trainer.use_legacy_worker_impl",
     }
+
+
+def test_verls_fsdp_offload_keys_set_the_torch_backends_offload() -> None:
+    """verl's FSDP engine offload keys are the torch backend's (`actor.torch`, `ref.torch`)."""
+    cfg = load(
+        None,
+        [
+            "actor_rollout_ref.actor.strategy=fsdp2",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+            "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        ],
+    )
+    assert cfg.actor.backend == "torch"
+    assert (cfg.actor.torch.param_offload, cfg.actor.torch.optimizer_offload, cfg.ref.torch.param_offload) == (
+        True,
+        True,
+        True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("strategy", "backend"),
+    [("fsdp", "torch"), ("fsdp2", "torch"), ("megatron", "megatron")],
+)
+def test_verls_strategy_picks_grpos_backend(strategy: str, backend: str) -> None:
+    """verl's FSDP (either generation) trains on the torch backend (DDP: said in the log), its
+    Megatron engine on the Megatron one; the reference's strategy sets nothing (one backend
+    builds both)."""
+    with capture_logs() as logs:
+        cfg = load(None, [f"actor_rollout_ref.actor.strategy={strategy}", f"actor_rollout_ref.ref.strategy={strategy}"])
+    assert cfg.actor.backend == backend
+    assert any(e["event"] == "config.verl_fsdp_as_ddp" for e in logs) == (backend == "torch")
+
+
+def test_verls_other_engines_are_refused() -> None:
+    with pytest.raises(ConfigError, match="'fsdp_turbo' engine has no counterpart in grpo"):
+        load(None, ["actor_rollout_ref.actor.strategy=fsdp_turbo"])
+    with pytest.raises(ConfigError, match="only 'fsdp' or 'fsdp2' or 'megatron' is accepted"):
+        load(None, ["actor_rollout_ref.ref.strategy=veomni"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused_because"),
+    [
+        (["actor.backend=megatron", "actor.torch.param_offload=true"], "read by the torch backend only"),
+        (["actor.backend=megatron", "ref.torch.param_offload=true"], "read by the torch backend only"),
+        (["rollout.engine=hf", "actor.torch.param_offload=true"], "the hf engine generates with the policy's own"),
+        (
+            ["rollout.mode=one_step_off", "actor.torch.optimizer_offload=true", "rollout.free_cache_engine=false",
+             "algorithm.rollout_correction.rollout_is=token", "rollout.devices_per_node=1"],
+            "actor.torch.optimizer_offload=true: offload frees the training devices",
+        ),
+    ],
+)
+def test_torch_offload_is_refused_where_nothing_reads_or_uses_it(overrides: list[str], refused_because: str) -> None:
+    with pytest.raises(ConfigError, match=refused_because):
+        load(None, overrides)
+    # the hf engine with the optimizer state offloaded, and a parked reference, load
+    load(None, ["rollout.engine=hf", "actor.torch.optimizer_offload=true", "ref.torch.param_offload=true"])

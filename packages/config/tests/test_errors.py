@@ -53,7 +53,7 @@ def test_unknown_verl_key_suggests_nearest_alias() -> None:
 @pytest.mark.parametrize(
     ("key", "meant"),
     [
-        ("actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpus", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
         ("trainer.total_epoch", "trainer.total_epochs"),
         ("trainer.rollout_data_dir", None),
         ("algorithm.gamma", None),  # once: 'algorithm', the section it is in

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from grpo_config import MegatronConfig, ParallelConfig, RefConfig, TrainerConfig, load, resolve_ref
-from grpo_config.inherit import INHERITED
+from grpo_config.inherit import INHERITED, OWN
 from grpo_config.loader import build
 from grpo_config.schema import RefMegatronConfig
 from grpo_config.sources import collect
@@ -18,7 +18,7 @@ def test_loaded_ref_has_no_none_and_equals_actor() -> None:
     cfg = load()
     for field in dataclasses.fields(RefConfig):
         assert getattr(cfg.ref, field.name) is not None, field.name
-    assert set(INHERITED) == {f.name for f in dataclasses.fields(RefConfig)}
+    assert set(INHERITED) | OWN == {f.name for f in dataclasses.fields(RefConfig)} and not set(INHERITED) & OWN
     assert cfg.ref.megatron == RefMegatronConfig.of_actor(cfg.actor.megatron) and cfg.ref.parallel == cfg.parallel
 
 

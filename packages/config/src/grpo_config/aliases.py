@@ -48,7 +48,9 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_A}.megatron.dtype": "actor.dtype",
         f"{_A}.megatron.use_remove_padding": "actor.use_remove_padding",
         f"{_A}.optim.override_optimizer_config": "actor.megatron.override_optimizer_config",
-        f"{_A}.strategy": "actor.backend",
+        f"{_A}.fsdp_config.param_offload": "actor.torch.param_offload",
+        f"{_A}.fsdp_config.optimizer_offload": "actor.torch.optimizer_offload",
+        f"{_R}.fsdp_config.param_offload": "ref.torch.param_offload",
         f"{_A}.optim.lr": "actor.lr",
         f"{_A}.optim.lr_warmup_steps": "actor.lr_warmup_steps",
         f"{_A}.optim.weight_decay": "actor.weight_decay",
@@ -187,11 +189,11 @@ _NO_COMPILE = (
 )
 _BOTH = (True, False)
 ANY_VALUE = object()  # a _FIXED_KEYS entry accepting every value: the key changes nothing but speed
-_FSDP_OFFLOAD = (
-    "grpo's torch backend (verl's FSDP strategy) keeps {what} on the device; offloading is the Megatron "
-    "backend's (actor.megatron.{ours}, ref.megatron.param_offload)"
-)
 
+_FSDP_DEFAULT = (
+    "how FSDP shards: grpo's torch backend stands in for verl's FSDP with DDP (whole parameters on every device, "
+    "the same update), so only verl's default, which asks for nothing more, is taken"
+)
 _CONSTANT_LR = "grpo's learning rate is constant after actor.lr_warmup_steps, as verl's 'constant'"
 _REWARD_MANAGER = (
     "grpo's reward manager scores each response as verl's naive one and adds the overlong penalty of "
@@ -207,6 +209,9 @@ _NO_ULYSSES = (
     "is the Megatron backend's (parallel.cp, parallel.sequence_parallel)"
 )
 
+# verl's deprecated global micro-batch sizes: verl divides each by the world size into its `_per_gpu` key.
+GLOBAL_MICRO_BATCH_KEYS = (f"{_A}.ppo_micro_batch_size", f"{_RO}.log_prob_micro_batch_size", f"{_R}.log_prob_micro_batch_size")
+
 # verl keys with no grpo setting: the values that describe what grpo does, or that change only speed,
 # are accepted (dropped, and listed as inert with the reason); any other is refused with the reason.
 _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
@@ -215,6 +220,8 @@ _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
         f"{_MULTI_TURN}enable": ((False,), _NO_MULTI_TURN),
         f"{_A}.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
         f"{_R}.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
+        f"{_A}.fsdp_config.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
+        f"{_R}.fsdp_config.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
         "trainer.default_hdfs_dir": (
             (None,),
             "grpo copies no checkpoint to HDFS (verl's default, null): checkpoints stay under checkpoint.dir",
@@ -277,12 +284,27 @@ _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
             "it picks between verl's two implementations of its workers; grpo's workers are its own, and the "
             "run's settings are read the same whichever verl would pick",
         ),
-        f"{_A}.fsdp_config.param_offload": ((False,), _FSDP_OFFLOAD.format(what="parameters", ours="param_offload")),
-        f"{_A}.fsdp_config.optimizer_offload": (
-            (False,),
-            _FSDP_OFFLOAD.format(what="the optimizer state", ours="optimizer_offload"),
+        f"{_R}.strategy": (
+            ("fsdp", "fsdp2", "megatron"),
+            "grpo builds the reference model with the actor's backend (actor_rollout_ref.actor.strategy), as "
+            "verl uses one engine for both",
         ),
-        f"{_R}.fsdp_config.param_offload": ((False,), _FSDP_OFFLOAD.format(what="parameters", ours="param_offload")),
+        **{
+            key: ((None,), f"verl's deprecated global micro-batch size (null, its default, sets nothing): grpo takes "
+                  f"the per-device size, {key}_per_gpu; from-verl divides a global one by the call's world size, "
+                  "as verl does")
+            for key in GLOBAL_MICRO_BATCH_KEYS
+        },
+        **{
+            f"{section}.fsdp_config.{name}": ((default,), _FSDP_DEFAULT)
+            for section in (_A, _R)
+            for name, default in (("fsdp_size", -1), ("reshard_after_forward", True), ("offload_policy", False))
+        },
+        f"{_A}.fsdp_config.grad_offload": (
+            _BOTH,
+            "grpo's torch backend frees the gradients after each optimizer step, so none are held outside the "
+            "update to offload (verl's FSDP engine has since dropped the key)",
+        ),
         f"{_RO}.calculate_log_probs": (
             (True,),
             "grpo always collects the rollout engine's sampling log-probs and logs their gap to the "
@@ -320,8 +342,8 @@ _REFUSED_KEYS: Mapping[str, str] = MappingProxyType(
 
 _NO_FSDP = (
     "verl's FSDP engine setting: grpo's torch backend trains with DDP (whole parameters on every device), so "
-    "FSDP's sharding, offload and precision settings have nothing to act on; large models train on the Megatron "
-    "backend (model_engine=megatron), whose offload is actor.megatron.param_offload / optimizer_offload"
+    "FSDP's sharding and precision settings have nothing to act on (its param_offload / optimizer_offload are "
+    "actor.torch's); large models train on the Megatron backend (model_engine=megatron)"
 )
 _NO_PROFILER = (
     "verl's step profiler (nsys, torch or NPU profiler per step): grpo has no profiler setting; every step's "
@@ -426,6 +448,28 @@ def _hybrid_engine_settings(key: str, value: Any) -> list[tuple[str, Any]]:
     return [] if flag else [("rollout.mode", "one_step_off")]
 
 
+STRATEGY_KEY = f"{_A}.strategy"
+# verl's training engines -> grpo's backends.
+_STRATEGIES: Mapping[str, str] = MappingProxyType({"megatron": "megatron", "fsdp": "torch", "fsdp2": "torch"})
+
+
+def _strategy_settings(key: str, value: Any) -> list[tuple[str, Any]]:
+    """verl's actor strategy -> actor.backend. FSDP, of either generation, is grpo's torch backend:
+    the same update, with whole parameters on every device (DDP) instead of FSDP's shards, so the
+    model must fit one device."""
+    strategy = _as_python(value)
+    if not isinstance(strategy, str) or strategy not in _STRATEGIES:
+        raise ConfigError(
+            f"'{key}={value}': verl's {strategy!r} engine has no counterpart in grpo; its backends are megatron "
+            f"(verl's megatron) and torch (verl's fsdp / fsdp2, trained with DDP).",
+            key=key,
+        )
+    if _STRATEGIES[strategy] == "torch":
+        log.info("config.verl_fsdp_as_ddp", key=key, value=strategy,
+                 note="grpo's torch backend keeps whole parameters on every device (DDP), not FSDP's shards")
+    return [("actor.backend", _STRATEGIES[strategy])]
+
+
 MODEL_ENGINE_KEY = "model_engine"
 
 
@@ -447,7 +491,7 @@ _RESUME_MODES: Mapping[str, str] = MappingProxyType({"auto": "auto", "disable": 
 
 def _resume_settings(key: str, value: Any) -> list[tuple[str, Any]]:
     mode = _as_python(value)
-    if mode in _RESUME_MODES:
+    if isinstance(mode, str) and mode in _RESUME_MODES:
         return [("checkpoint.resume", _RESUME_MODES[mode])]
     if mode == "resume_path":
         return []
@@ -468,6 +512,8 @@ def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
         return _resume_settings(key, value)
     if key == MODEL_ENGINE_KEY:
         return _model_engine_settings(key, value)
+    if key == STRATEGY_KEY:
+        return _strategy_settings(key, value)
     if key in _FIXED_KEYS:
         return _fixed_settings(key, value)
     if key in _REFUSED_KEYS:
@@ -475,7 +521,7 @@ def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
     if key.startswith(_MULTI_TURN):
         raise ConfigError(f"'{key}={value}' cannot be honoured: {_NO_MULTI_TURN}.", key=key)
     section = next((prefix for prefix in _REFUSED_SECTIONS if key.startswith(prefix)), None)
-    if section is not None:
+    if section is not None and key not in ALIASES:
         raise ConfigError(f"'{key}={value}' cannot be honoured: {_REFUSED_SECTIONS[section]}.", key=key)
     return None
 
@@ -514,4 +560,4 @@ def resolve_alias(key: str) -> str | None:
 
 
 def all_alias_keys() -> list[str]:
-    return [*ALIASES, *_BRIDGE_KEYS, *_FIXED_KEYS, *_REFUSED_KEYS, "trainer.logger", "trainer.resume_mode", HYBRID_ENGINE_KEY, MODEL_ENGINE_KEY]
+    return [*ALIASES, *_BRIDGE_KEYS, *_FIXED_KEYS, *_REFUSED_KEYS, "trainer.logger", "trainer.resume_mode", HYBRID_ENGINE_KEY, MODEL_ENGINE_KEY, STRATEGY_KEY]

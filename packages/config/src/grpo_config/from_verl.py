@@ -10,6 +10,7 @@ YAML is still written: the settings that conflict are named) or when the script 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from grpo_config.aliases import MODEL_ENGINE_KEY, ignored_reason
+from grpo_config.aliases import GLOBAL_MICRO_BATCH_KEYS, MODEL_ENGINE_KEY, ignored_reason
 from grpo_config.errors import ConfigError
 from grpo_config.loader import build
 from grpo_config.serialize import to_dict
@@ -107,6 +108,48 @@ def last_of_each_key(overrides: Iterable[str]) -> list[str]:
     return list(last.values())
 
 
+def _value_of(lines: Sequence[str], key: str, default: int) -> int | None:
+    """The integer value of `key` among `lines` (the last one), `default` when absent, None when not
+    an integer."""
+    for line in reversed(lines):
+        name, _, value = line.partition("=")
+        if name.strip().lstrip("+") == key:
+            try:
+                parsed = yaml.safe_load(value) if value.strip() else None
+            except yaml.YAMLError:
+                return None
+            return parsed if isinstance(parsed, int) and not isinstance(parsed, bool) else None
+    return default
+
+
+def per_device_sizes(lines: Sequence[str], *, megatron: bool) -> dict[str, str]:
+    """verl's deprecated global micro-batch sizes as the `_per_gpu` lines verl's workers divide them
+    into: by the data-parallel size, the world (trainer.nnodes x trainer.n_gpus_per_node of the same
+    call, verl's defaults 1 x 8) over the Ulysses size (FSDP) or over the actor's tensor x pipeline x
+    context sizes (Megatron). {rewritten line: the script's line}; a size that does not divide into
+    >= 1 a device, or whose key is also given per device, stays as written (refused)."""
+    nodes = _value_of(lines, "trainer.nnodes", 1)
+    per_node = _value_of(lines, "trainer.n_gpus_per_node", 8)
+    splits = (
+        [f"actor_rollout_ref.actor.megatron.{name}_parallel_size" for name in ("tensor_model", "pipeline_model", "context")]
+        if megatron
+        else ["actor_rollout_ref.actor.ulysses_sequence_parallel_size"]
+    )
+    sizes = [_value_of(lines, key, 1) for key in splits]
+    model_parallel = None if None in sizes or 0 in sizes else math.prod(sizes)  # type: ignore[arg-type]
+    keys = {line.partition("=")[0].strip().lstrip("+") for line in lines}
+    rewritten = {}
+    for line in lines:
+        key = line.partition("=")[0].strip().lstrip("+")
+        size = _value_of([line], key, 0) if key in GLOBAL_MICRO_BATCH_KEYS else None
+        if size is None or not (nodes and per_node and model_parallel) or f"{key}_per_gpu" in keys:
+            continue
+        data_parallel = nodes * per_node // model_parallel
+        if data_parallel >= 1 and size // data_parallel >= 1:
+            rewritten[f"{key}_per_gpu={size // data_parallel}"] = line
+    return rewritten
+
+
 def backend_choice(lines: Sequence[str], config_name: str | None = None) -> tuple[str | None, str]:
     """verl's engine for the whole command line, whatever the order of its lines, and what decided
     it: the last `actor_rollout_ref.actor.strategy` / `model_engine` given, else the Hydra config
@@ -135,6 +178,8 @@ def convert(overrides: Iterable[str], *, config_name: str | None = None) -> Conv
     interpolated = [line for line in lines if _INTERPOLATION.search(line.partition("=")[2])]
     lines = [line for line in lines if line not in interpolated]
     backend, decided_by = backend_choice(lines, config_name)
+    written_as = per_device_sizes(lines, megatron=backend == "megatron")  # judged per device, reported as written
+    lines = [next((new for new, old in written_as.items() if old == line), line) for line in lines]
     inferred = [] if backend is None or decided_by in lines else [f"{_STRATEGY}=megatron"]
     # every line's context: the line that decides the backend, when it holds on its own
     base = inferred + ([decided_by] if decided_by in lines and _problems([decided_by]) is not None else [])
@@ -202,13 +247,16 @@ def convert(overrides: Iterable[str], *, config_name: str | None = None) -> Conv
         validate(cfg)
     except ConfigError as exc:
         problems = str(exc)
+    def script_line(line: str) -> str:
+        return written_as.get(line, line)
+
     return Conversion(
         settings=settings,
-        accepted=accepted,
-        refused=refused_in_order,
+        accepted=[script_line(line) for line in accepted],
+        refused=[(script_line(line), why) for line, why in refused_in_order],
         problems=problems,
         inferred=inferred,
-        inert=inert,
+        inert=[(script_line(line), why) for line, why in inert],
         engines=f"backend {cfg.actor.backend} ({decided_by}{', refused' if decided_by in refused else ''}), "
         f"rollout {cfg.rollout.engine}, "
         f"algorithm {cfg.algorithm.adv_estimator}",

@@ -37,6 +37,10 @@ INHERITED: Mapping[str, str] = {
     "megatron": "actor.megatron",
 }
 
+# Ref fields of its own: the torch backend's reference offload is not the actor's (verl's
+# ref.fsdp_config.param_offload is independent of actor.fsdp_config.param_offload).
+OWN = frozenset({"torch"})
+
 
 # A ref field whose type is not its source's: the reference model's Megatron section is the
 # actor's less what only training reads.

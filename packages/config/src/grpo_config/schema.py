@@ -141,6 +141,24 @@ class RefMegatronConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TorchConfig:
+    """The torch backend's offload (verl's `fsdp_config` keys of the same names): the policy's weights
+    (with their gradients) and / or its optimizer state leave the device while a colocated rollout
+    engine generates and come back after it sleeps, as `actor.megatron`'s offload settings do."""
+
+    param_offload: bool = False
+    optimizer_offload: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefTorchConfig:
+    """The reference model on the torch backend: with `param_offload` (verl's
+    `ref.fsdp_config.param_offload`) its weights stay on the CPU except during its log-prob pass."""
+
+    param_offload: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class PolicyLossConfig:
     """verl's `actor.policy_loss`: "vanilla" (PPO, dual clip), "gspo" (sequence-level ratio) or
     "cispo" (clipped, stop-gradient importance weight on every token)."""
@@ -188,11 +206,13 @@ class ActorConfig:
     gradient_checkpointing: bool = False
     freeze_vision_tower: bool = False  # a vision-language model's vision tower is not trained
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    torch: TorchConfig = field(default_factory=TorchConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RefConfig:
-    """Reference policy. Every `None` inherits the actor's value (and `parallel` the root one)."""
+    """Reference policy. Every `None` inherits the actor's value (and `parallel` the root one); `torch`
+    is its own (`inherit.OWN`)."""
 
     model_path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -202,6 +222,7 @@ class RefConfig:
     log_prob_max_token_len_per_device: int | None = None
     parallel: ParallelConfig | None = None
     megatron: RefMegatronConfig | None = None
+    torch: RefTorchConfig = field(default_factory=RefTorchConfig)  # not inherited, as in verl
 
 
 @dataclass(frozen=True, kw_only=True)

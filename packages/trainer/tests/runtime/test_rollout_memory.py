@@ -81,3 +81,17 @@ def test_the_run_starts_with_the_configured_allocator_mode() -> None:
         RolloutMemory.start(cfg.device.expandable_segments, kind=DeviceKind.CPU)
     assert [e["event"] for e in logs] == ["expandable_segments_skipped", "rollout_memory.allocator"]
     assert logs[1]["expandable_segments"] is True and logs[1]["applied"] is False  # CPU: no such allocator
+
+
+def test_the_torch_backend_offloads_its_weights_with_their_gradients(events) -> None:
+    """`actor.torch.param_offload` / `optimizer_offload` (verl's fsdp_config keys): `Module.to`
+    moves a module's gradients with its weights, so the one setting asks for both."""
+    torch_vllm = ["rollout.engine=vllm", "device.expandable_segments=false"]
+    assert OffloadPlan.for_actor(grpo_config.load(None, ["actor.torch.param_offload=true"]).actor) == OffloadPlan(
+        weights=True, grads=True
+    )
+    assert _rollout([*torch_vllm, "actor.torch.optimizer_offload=true"], events) == [
+        ("offload", False, False, True),
+        ("generate",),
+        ("onload",),
+    ]

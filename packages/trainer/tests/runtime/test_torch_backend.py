@@ -641,3 +641,65 @@ def test_entropy_from_logits_with_chunking_gives_the_same_entropy_a_chunk_at_a_t
     whole.update_mini_batch(_prepare(whole, batch))
     chunked.update_mini_batch(_prepare(chunked, _batch(seed=5)))
     _assert_close(grads, grads_chunked, atol=1e-6)
+
+
+def _cfg_with(model_dir: Path, *overrides: str):
+    cfg = _cfg(model_dir)
+    return grpo_config.load(grpo_config.to_dict(cfg), list(overrides))
+
+
+def test_a_parked_reference_moves_to_the_device_only_for_its_own_pass(tiny_model_dir, monkeypatch) -> None:
+    """`ref.torch.param_offload` (verl's ref.fsdp_config.param_offload): the reference loads onto the
+    CPU and goes to the policy's device for its log-prob pass only, with the same log-probs as an
+    unparked one; the policy's offload around a rollout leaves it where it is. On this CPU-only
+    machine the device is the CPU, so the moves are recorded (a spy on `Module.to`);
+    `test_offload_frees_the_device_on_cuda` measures the memory on a GPU."""
+    moves: list[str] = []
+    real_to = torch.nn.Module.to
+
+    def spy(module, *args, **kwargs):
+        if getattr(module, "_grpo_ref", False):
+            moves.append(str(args[0] if args else kwargs.get("device")))
+        return real_to(module, *args, **kwargs)
+
+    parked = TorchBackend.for_config(_cfg_with(tiny_model_dir, "ref.torch.param_offload=true"), device=CPU)
+    plain = TorchBackend.for_config(_cfg(tiny_model_dir), device=CPU)
+    assert all(p.device == CPU for p in parked.ref_module.parameters())
+    parked.ref_module._grpo_ref = True
+    monkeypatch.setattr(torch.nn.Module, "to", spy)
+    batch = _batch()
+    micros = [take_rows(batch, range(8))]
+    got = parked.log_probs(micros, ref=True, with_entropy=False)
+    assert moves == ["cpu", "cpu"]  # onto the policy's device (here the CPU), then back to the host
+    torch.testing.assert_close(got, plain.log_probs(micros, ref=True, with_entropy=False))
+    moves.clear()
+    parked.offload(weights=True, grads=True, optimizer=True)
+    parked.onload()
+    assert moves == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="measures CUDA memory (run by bench/gpu_session.sh tests)")
+def test_offload_frees_the_device_on_cuda(tiny_model_dir) -> None:
+    """`actor.torch.param_offload` / `optimizer_offload` and a parked reference, in device memory:
+    after an update the offload frees at least the weights and the Adam moments, the onload brings
+    the same log-probs back, and a parked reference never holds device memory between passes."""
+    cuda = torch.device("cuda")
+    cfg = _cfg_with(
+        tiny_model_dir,
+        "rollout.engine=vllm",  # the offload frees the device for it (the hf engine generates with the policy)
+        "actor.torch.param_offload=true",
+        "actor.torch.optimizer_offload=true",
+        "ref.torch.param_offload=true",
+    )
+    before_build = torch.cuda.memory_allocated()
+    actor = Actor.for_config(cfg, TorchBackend.for_config(cfg, device=cuda))
+    weights = sum(p.numel() * p.element_size() for p in actor.backend.module.parameters())
+    assert torch.cuda.memory_allocated() - before_build < 1.5 * weights  # one copy: the reference waits on the CPU
+    batch = _prepare(actor, _batch())
+    actor.update_mini_batch(batch)
+    expected = actor.log_probs(batch)["log_probs"]
+    held = torch.cuda.memory_allocated()
+    actor.backend.offload(weights=True, grads=True, optimizer=True)
+    assert held - torch.cuda.memory_allocated() >= 3 * weights  # weights and two Adam moments
+    actor.backend.onload()
+    torch.testing.assert_close(actor.log_probs(batch)["log_probs"], expected)

@@ -58,7 +58,30 @@ def actor_problems(cfg: TrainerConfig) -> list[str]:
                 f"ref.dtype={cfg.ref.dtype} differs from actor.dtype={cfg.actor.dtype}: the Megatron "
                 f"backend builds the reference model in actor.dtype. Unset ref.dtype."
             )
-    return problems + policy_loss_problems(cfg)
+    return problems + policy_loss_problems(cfg) + torch_offload_problems(cfg)
+
+
+def torch_offload_problems(cfg: TrainerConfig) -> list[str]:
+    """The torch backend's offload settings (`actor.torch`, `ref.torch`): read by that backend only,
+    and the policy's weights cannot leave the device the hf engine generates with."""
+    given = [
+        f"{section}.torch.{name}=true"
+        for section, torch_section in (("actor", cfg.actor.torch), ("ref", cfg.ref.torch))
+        for name in ("param_offload", "optimizer_offload")
+        if getattr(torch_section, name, False)
+    ]
+    if cfg.actor.backend == "megatron" and given:
+        return [
+            f"{', '.join(given)}: read by the torch backend only, and actor.backend=megatron; its offload "
+            "settings are actor.megatron.param_offload / grad_offload / optimizer_offload and "
+            "ref.megatron.param_offload."
+        ]
+    if cfg.actor.backend == "torch" and cfg.actor.torch.param_offload and cfg.rollout.engine == "hf":
+        return [
+            "actor.torch.param_offload=true with rollout.engine=hf: the hf engine generates with the policy's own "
+            "weights, so they cannot leave the device during the rollout. Set it to false, or use rollout.engine=vllm."
+        ]
+    return []
 
 
 def policy_loss_problems(cfg: TrainerConfig) -> list[str]:

@@ -117,18 +117,18 @@ def one_step_off_problems(cfg: TrainerConfig) -> list[str]:
             "device for training; with rollout.mode=one_step_off the engine has devices of its own and keeps "
             "generating. Set rollout.free_cache_engine=false."
         )
-    if cfg.actor.backend == "megatron":
-        megatron = cfg.actor.megatron
-        offloads = [
-            f"actor.megatron.{name}=true"
-            for name in ("param_offload", "grad_offload", "optimizer_offload")
-            if getattr(megatron, name)
-        ]
-        if offloads:
-            problems.append(
-                f"{', '.join(offloads)}: offload frees the training devices for a colocated rollout engine; "
-                "with rollout.mode=one_step_off the engine has devices of its own, so nothing would use the "
-                "freed memory. Set them to false (actor.megatron.optimizer_offload_fraction still offloads "
-                "the optimizer step itself)."
-            )
+    section = cfg.actor.megatron if cfg.actor.backend == "megatron" else cfg.actor.torch
+    offloads = [
+        f"actor.{cfg.actor.backend}.{name}=true"
+        for name in ("param_offload", "grad_offload", "optimizer_offload")
+        if getattr(section, name, False)
+    ]
+    if offloads:
+        problems.append(
+            f"{', '.join(offloads)}: offload frees the training devices for a colocated rollout engine; "
+            "with rollout.mode=one_step_off the engine has devices of its own, so nothing would use the "
+            "freed memory. Set them to false"
+            + (" (actor.megatron.optimizer_offload_fraction still offloads the optimizer step itself)."
+               if cfg.actor.backend == "megatron" else ".")
+        )
     return problems

@@ -16,9 +16,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 ENTROPY_CHUNK_ROWS = 2048
 
 
-def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool = False) -> torch.nn.Module:
+def load_causal_lm(
+    path: str, *, device: torch.device, trust_remote_code: bool = False, parked: bool = False
+) -> torch.nn.Module:
     """Float32 weights (the optimiser's master copy; lower precision comes from autocast) on
-    `device`. A vision-language checkpoint (a `vision_config`, as Qwen3.5's) loads whole, vision
+    `device` (with `parked`, left on the CPU, kernels chosen for `device`). A vision-language checkpoint (a `vision_config`, as Qwen3.5's) loads whole, vision
     tower included (`AutoModelForImageTextToText`). On CPU, MoE experts run as a loop over the hit
     experts ("eager"): measured 2-3x faster than transformers' grouped GEMM for small models
     when chosen (an earlier environment); with torch 2.13 the grouped GEMM is at par or ahead on
@@ -44,7 +46,7 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     if device.type == "cpu":
         with contextlib.suppress(ValueError, AttributeError):  # models without switchable experts
             model.set_experts_implementation("eager")
-    return model.to(device)
+    return model if parked else model.to(device)
 
 
 def linear_attention_kwargs(model: torch.nn.Module, seq_len: int) -> dict[str, int]:

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger()
 
 
+_HOST = torch.device("cpu")  # where offloaded weights and optimizer state wait
+
+
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
@@ -48,7 +51,8 @@ class TorchBackend:
     """Data-parallel policy on one device per process; every rank is a data-parallel rank."""
 
     def __init__(self, actor: ActorConfig, *, ref: RefConfig | None, device: torch.device) -> None:
-        """Reads the `actor` section, and `ref` when a reference model is built (None: none)."""
+        """Reads the `actor` section, and `ref` when a reference model is built (None: none). With
+        `ref.torch.param_offload` the reference weights wait on the CPU outside their own pass."""
         self.settings = actor
         self.device = device
         self.dp_size = _world_size()
@@ -61,11 +65,15 @@ class TorchBackend:
                 _check_packable(_model_config(path, actor.trust_remote_code), device)
         self.module = load_causal_lm(actor.model_path, device=device, trust_remote_code=actor.trust_remote_code)
         self.ref_module: torch.nn.Module | None = None
+        self._park_ref = ref is not None and ref.torch.param_offload
         if ref is not None:
+            # a parked reference loads straight onto the CPU: the device never holds two copies
             self.ref_module = (
                 copy.deepcopy(self.module)
-                if ref_path == actor.model_path
-                else load_causal_lm(ref_path, device=device, trust_remote_code=actor.trust_remote_code)
+                if ref_path == actor.model_path and not self._park_ref
+                else load_causal_lm(
+                    ref_path, device=device, trust_remote_code=actor.trust_remote_code, parked=self._park_ref
+                )
             )
             self.ref_module.requires_grad_(False).eval()
         if actor.freeze_vision_tower:
@@ -121,6 +129,11 @@ class TorchBackend:
                 entropy_chunk_rows=ENTROPY_CHUNK_ROWS if self.settings.entropy_from_logits_with_chunking else None,
             )
 
+    def _place_ref(self, device: torch.device) -> None:
+        assert self.ref_module is not None
+        self.ref_module.to(device)
+        log.debug("torch_backend.ref_moved", device=str(device))
+
     @torch.no_grad()
     def log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
         module = self.ref_module if ref else self.module
@@ -128,6 +141,9 @@ class TorchBackend:
         was_training = module.training
         module.eval()
         outputs = []
+        parked = ref and self._park_ref
+        if parked:
+            self._place_ref(self.device)
         try:
             for micro in micros:
                 log_probs, entropy = self._forward(
@@ -143,6 +159,8 @@ class TorchBackend:
                 outputs.append(out)
         finally:
             module.train(was_training)
+            if parked:
+                self._place_ref(_HOST)
         return outputs
 
     # -- training ---------------------------------------------------------------------------------
@@ -217,7 +235,7 @@ class TorchBackend:
     def offload(self, *, weights: bool, grads: bool, optimizer: bool) -> None:
         """`Module.to` moves a module's weights with their gradients: either asks for both."""
         self._offloaded = (weights or grads, optimizer)
-        self._move(torch.device("cpu"), *self._offloaded)
+        self._move(_HOST, *self._offloaded)
 
     def onload(self) -> None:
         if self._offloaded is not None:
@@ -226,8 +244,9 @@ class TorchBackend:
 
     def _move(self, device: torch.device, modules: bool, optimizer: bool) -> None:
         """Weights, buffers and gradients (`Module.to` keeps the Parameter objects, so DDP and the
-        optimizer keep their references) with the reference model, and / or the optimizer state."""
-        for module in (self.module, self.ref_module) if modules else ():
+        optimizer keep their references) with the reference model unless it is parked on the CPU
+        anyway, and / or the optimizer state."""
+        for module in (self.module, None if self._park_ref else self.ref_module) if modules else ():
             if module is not None:
                 module.to(device)
         for state in self.optimizer.state.values() if optimizer else ():

@@ -1,9 +1,10 @@
 """What the accelerator holds while the colocated rollout engine generates, and the allocator mode
 around it.
 
-- Offload (`actor.megatron.param_offload` / `grad_offload` / `optimizer_offload`): the policy's
-  weights, gradients and optimizer state leave the device before the engine wakes and come back
-  after it sleeps, so the engine's weights and KV cache fit beside the actor.
+- Offload (`actor.megatron.param_offload` / `grad_offload` / `optimizer_offload`, on the torch
+  backend `actor.torch.param_offload` / `optimizer_offload`): the policy's weights, gradients and
+  optimizer state leave the device before the engine wakes and come back after it sleeps, so the
+  engine's weights and KV cache fit beside the actor.
 - Expandable segments (`device.expandable_segments`): set when the worker starts; with vLLM they
   are off while the engine is awake (its sleep-mode allocator maps memory itself and does not work
   with them) and back on for training, as verl does.
@@ -31,10 +32,11 @@ class OffloadPlan:
 
     @classmethod
     def for_actor(cls, actor: ActorConfig) -> OffloadPlan:
-        """The Megatron backend's offload settings (the torch backend has none: grpo_config refuses
-        Megatron settings with it)."""
-        if actor.backend != "megatron":
-            return cls()
+        """The offload settings of the actor's backend (grpo_config refuses the other backend's).
+        The torch backend's weights move with their gradients (`Module.to`)."""
+        if actor.backend == "torch":
+            t = actor.torch
+            return cls(weights=t.param_offload, grads=t.param_offload, optimizer=t.optimizer_offload)
         m = actor.megatron
         return cls(weights=m.param_offload, grads=m.grad_offload, optimizer=m.optimizer_offload)
 
