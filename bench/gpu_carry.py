@@ -40,8 +40,9 @@ NOT_CARRIED: dict[str, tuple[str, ...]] = {
     ),
     "vLLM's kernels for other models, quantisations or cards, and its FlashInfer backend: the "
     "sessions set VLLM_USE_FLASHINFER_SAMPLER=0 and gdn_prefill_backend=triton; on SM90 vLLM "
-    "runs FA3 and its own Triton MoE": (
-        "flashinfer-python", "nvidia-cutlass-dsl", "quack-kernels", "tilelang", "tokenspeed-mla",
+    "runs FA3 and its own Triton MoE (tilelang travels: FLA's gated delta-rule backward runs on its "
+    "TileLang backend on Hopper, where Triton 3.6 is refused, fla issue 640)": (
+        "flashinfer-python", "nvidia-cutlass-dsl", "quack-kernels", "tokenspeed-mla",
         "humming-kernels", "fastsafetensors", "nvtx",
     ),
     "TransformerEngine: not built for the machine yet (transformer-engine-torch is an sdist that "

@@ -10,8 +10,8 @@
 # Makes in the repository root, git-ignored through .git/info/exclude:
 #   .vx1   vLLM's core library, xz          .vx2  the rest of vLLM, xz
 #   .rayw  Ray without its Java jars, dashboard build and rllib/data/serve/tune/train/llm, xz
-#   .whl   every other carried package as a wheel (sdist-only ones built here), .whl2 what does not fit
-#          one call's budget beside the working tree
+#   .whl   every other carried package as a wheel (sdist-only ones built here); .whl2, .whl3 what does
+#          not fit one call's budget beside the working tree (first fit, largest wheel first)
 # vLLM pins torch 2.11.0 / CUDA 13 = the machine's own torch, so no torch travels. Unpack there
 # with bench/gpu_unpack.sh; run with bench/gpu_session.sh (docs/benchmarks.md, "Running on the GPU").
 set -euo pipefail
@@ -32,7 +32,7 @@ budget=$(( 64 * 1048576 - tree - 4 * 1048576 ))
 EXC=$(git -C "$ROOT" rev-parse --git-path info/exclude)
 case "$EXC" in /*) ;; *) EXC=$ROOT/$EXC ;; esac
 mkdir -p "$(dirname "$EXC")" "$WORK/whl"
-for d in .vx1 .vx2 .whl .whl2 .rayw; do
+for d in .vx1 .vx2 .whl .whl2 .whl3 .rayw; do
   grep -qxF "/$d/" "$EXC" 2>/dev/null || echo "/$d/" >> "$EXC"
   rm -rf "${ROOT:?}/$d" && mkdir -p "$ROOT/$d"
 done
@@ -57,17 +57,20 @@ R=$(pin ray); rm -rf "$WORK/ray" && mkdir -p "$WORK/ray"
   rm -rf ray/jars ray/dashboard/client/build ray/rllib ray/data ray/serve ray/tune ray/train ray/llm
   tar -cf - ray ray-*.dist-info | xz -9 -T2 > "$ROOT/.rayw/ray.tar.xz" )
 
-# Every other carried package: the lock's wheel, or a wheel built here from its sdist; into .whl,
-# largest first, and into .whl2 what would take .whl over one call's budget.
+# Every other carried package: the lock's wheel, or a wheel built here from its sdist; largest first
+# into the first of .whl, .whl2, .whl3 it fits in within one call's budget (less 64 KiB for the folder).
 rm -rf "$WORK/wheels" && mkdir -p "$WORK/wheels"
 echo "$PLAN" | awk '$1 == "wheel" {print $2}' | xargs "${PIPDL[@]}" -d "$WORK/wheels"
 for spec in $(echo "$PLAN" | awk '$1 == "build" {print $2}'); do
   python3 -m pip wheel -q --no-deps --no-binary :all: -w "$WORK/wheels" "$spec"
 done
-used=0
+bins=(.whl .whl2 .whl3) fill=(0 0 0)
 for w in $(ls -S "$WORK/wheels"/*.whl); do
-  s=$(stat -c %s "$w")
-  if [ $((used + s)) -le "$budget" ]; then cp "$w" "$ROOT/.whl/"; used=$((used + s)); else cp "$w" "$ROOT/.whl2/"; fi
+  s=$(stat -c %s "$w") placed=
+  for i in 0 1 2; do
+    if [ $((fill[i] + s)) -le $((budget - 65536)) ]; then cp "$w" "$ROOT/${bins[i]}/"; fill[i]=$((fill[i] + s)); placed=1; break; fi
+  done
+  [ -n "$placed" ] || { echo "$(basename "$w") fits none of ${bins[*]} in one call's budget" >&2; exit 2; }
 done
 [ "$(ls "$WORK/wheels" | wc -l)" -eq "$(echo "$PLAN" | grep -c -e '^wheel ' -e '^build ')" ] \
   || { echo "the wheels fetched do not match the plan's packages" >&2; exit 2; }
@@ -77,7 +80,7 @@ done
 echo "working tree $(( tree / 1048576 )) MiB; per call up to $(( budget / 1048576 )) MiB of carried folders"
 call=() used=0 n=0
 flush() { [ ${#call[@]} -eq 0 ] && return; n=$((n + 1)); echo "call $n: carry [${call[*]}]  ($(( used / 1048576 )) MiB): bash bench/gpu_unpack.sh ${call[*]}"; call=(); used=0; }
-for d in .vx1 .vx2 .whl .whl2 .rayw; do
+for d in .vx1 .vx2 .whl .whl2 .whl3 .rayw; do
   [ -n "$(ls -A "$ROOT/$d")" ] || continue
   s=$(du -sb "$ROOT/$d" | cut -f1)
   [ "$s" -le "$budget" ] || { echo "$d is $(( s / 1048576 )) MiB: over one call's budget" >&2; exit 2; }

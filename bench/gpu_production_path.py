@@ -115,7 +115,14 @@ def rollout_tokens_per_s(rows: list[dict[str, Any]], sequences: int) -> float:
     return statistics.median(r["response_length/mean"] * sequences / r["timing/generate_s"] for r in rows)
 
 
-def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any]:
+def production_megatron(*, torch_delta_rule: bool) -> list[str]:
+    """The Megatron settings of these runs: MEGATRON's, with Gated DeltaNet on FLA's kernels as the
+    GPU profile trains it, unless `torch_delta_rule` (megatron-core's pure-torch rule, which
+    MEGATRON sets for the MFU benches: FLA's backward needs tilelang on Hopper with Triton 3.6)."""
+    return [line for line in MEGATRON if torch_delta_rule or "deterministic_mode" not in line]
+
+
+def run(name: str, *, offload: bool, steps: int, workdir: Path, torch_delta_rule: bool = False) -> dict[str, Any]:
     import grpo_config
     from grpo_launch import tiny_preset
     from grpo_launch.presets.tiny_vl import tiny_vl_preset
@@ -132,7 +139,7 @@ def run(name: str, *, offload: bool, steps: int, workdir: Path) -> dict[str, Any
         engine_kwargs = '{"language_model_only": true, "gdn_prefill_backend": "triton"}'
     flags = "true" if offload else "false"
     overrides = [
-        *MEGATRON,
+        *production_megatron(torch_delta_rule=torch_delta_rule),
         f"actor.model_path={model_dir}",
         "device.kind=cuda",
         "device.devices_per_node=1",
@@ -215,13 +222,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--runs", default="offload,resident", help=f"comma- or +-separated: offload, resident, vl, {', '.join(ALGORITHMS)}")
     parser.add_argument("--verdict", action="store_true", help="print a SMOKE PASS/FAIL line per run (bench/gpu_session.sh smoke)")
+    parser.add_argument("--torch-delta-rule", action="store_true",
+                        help="megatron-core's pure-torch Gated DeltaNet rule instead of FLA's kernels (the profile's)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     for name in args.runs.replace("+", ",").split(","):
         try:
             results[name] = run(
-                name, offload=name == "offload", steps=args.steps, workdir=Path(tempfile.mkdtemp())
+                name, offload=name == "offload", steps=args.steps, workdir=Path(tempfile.mkdtemp()),
+                torch_delta_rule=args.torch_delta_rule,
             )
         except Exception:
             results[name] = {"error": traceback.format_exc()[-8000:]}

@@ -71,9 +71,6 @@ def settings(preset: dict[str, Any], model_dir: Path, *, steps: int, response: i
         *(line for key in ("actor", "ref", "rollout", "algorithm") for line in _dotted(key, profile[key])),
         f"actor.model_path={model_dir}",
         "actor.megatron.transformer_impl=local",  # TransformerEngine is not built here (issue 46)
-        # megatron-core's pure-torch delta rule: FLA 0.6's Gated DeltaNet backward refuses Triton < 3.7.1
-        # on Hopper (wrong gradients, fla issue 640) and the GPU machine has Triton 3.6
-        "actor.megatron.override_transformer_config.deterministic_mode=true",
         "parallel.tp=1", "parallel.ep=1", "parallel.sequence_parallel=false",
         "rollout.tensor_parallel_size=1",
         'rollout.engine_kwargs={"language_model_only": true, "gdn_prefill_backend": "triton"}',

@@ -22,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-for d in .vx1 .vx2 .whl .whl2 .rayw; do
+for d in .vx1 .vx2 .whl .whl2 .whl3 .rayw; do
   [ -d "$d" ] && { bash bench/gpu_unpack.sh "$d" || exit 1; }
 done
 root=$PWD

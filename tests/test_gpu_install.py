@@ -153,4 +153,4 @@ def test_gpu_prepare_fetches_exactly_the_plan():
     assert [line for line in fetched if line] == expected
     scripts = {name: (ROOT / "bench" / name).read_text() for name in ("gpu_prepare.sh", "gpu_session.sh")}
     folders = {name: re.findall(r"for d in ((?:\.\w+ ?)+); do", text) for name, text in scripts.items()}
-    assert set(folders["gpu_prepare.sh"]) == {".vx1 .vx2 .whl .whl2 .rayw"} == set(folders["gpu_session.sh"])
+    assert set(folders["gpu_prepare.sh"]) == {".vx1 .vx2 .whl .whl2 .whl3 .rayw"} == set(folders["gpu_session.sh"])

@@ -683,7 +683,11 @@ def test_offload_frees_the_device_on_cuda(tiny_model_dir) -> None:
     """`actor.torch.param_offload` / `optimizer_offload` and a parked reference, in device memory:
     after an update the offload frees at least the weights and the Adam moments, the onload brings
     the same log-probs back, and a parked reference never holds device memory between passes."""
+    from grpo_trainer.backends import delta_rule
+
     cuda = torch.device("cuda")
+    if problem := delta_rule.backward_problem(delta_rule.facts(cuda), torch_delta_rule=False):
+        pytest.skip(problem)  # the tiny model's Gated DeltaNet cannot train on this machine's kernels
     cfg = _cfg_with(
         tiny_model_dir,
         "rollout.engine=vllm",  # the offload frees the device for it (the hf engine generates with the policy)
