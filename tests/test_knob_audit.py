@@ -117,6 +117,7 @@ READ: dict[str, tuple[str, ...]] = {
     "actor.dtype": (f"{TORCH}::test_the_reference_model_is_ref_model_path_in_ref_dtype", VLLM_SETTINGS),
     "actor.lr": (f"{TORCH}::test_lr_warms_up_linearly_per_training_step", OPTIMIZER),
     "actor.lr_warmup_steps": (f"{TORCH}::test_lr_warms_up_linearly_per_training_step",),
+    "actor.lr_warmup_steps_ratio": ("tests/test_trainer_settings.py::test_the_warmup_ratio_is_a_share_of_the_runs_steps",),
     "actor.weight_decay": (
         f"{TORCH}::test_weight_decay_shrinks_the_weights_when_the_loss_has_no_gradient",
         OPTIMIZER,

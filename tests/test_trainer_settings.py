@@ -267,3 +267,13 @@ def test_a_replica_stays_on_one_node(preset) -> None:
     assert _run(preset, "rollout.engine=vllm", "rollout.tensor_parallel_size=2").planner.replicas == 1
 
 
+
+
+def test_the_warmup_ratio_is_a_share_of_the_runs_steps(preset) -> None:
+    """verl's lr_warmup_steps_ratio: int(ratio x the run's training steps) warmup steps, in the
+    config the driver builds its workers with (`_Run.cfg`)."""
+    run = _run(preset, "total_training_steps=10", "actor.lr_warmup_steps_ratio=0.285")
+    assert (run.cfg.actor.lr_warmup_steps, run.cfg.actor.lr_warmup_steps_ratio) == (2, 0.0)
+    by_epochs = _run(preset, "total_training_steps=null", "total_epochs=2", "actor.lr_warmup_steps_ratio=0.5")
+    assert by_epochs.cfg.actor.lr_warmup_steps == by_epochs.total_steps // 2 > 0
+    assert _run(preset, "actor.lr_warmup_steps=3").cfg.actor.lr_warmup_steps == 3

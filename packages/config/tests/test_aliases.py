@@ -414,3 +414,13 @@ def test_torch_offload_is_refused_where_nothing_reads_or_uses_it(overrides: list
         load(None, overrides)
     # the hf engine with the optimizer state offloaded, and a parked reference, load
     load(None, ["rollout.engine=hf", "actor.torch.optimizer_offload=true", "ref.torch.param_offload=true"])
+
+
+def test_verls_warmup_ratio_maps_and_cannot_be_given_beside_the_steps() -> None:
+    """verl takes lr_warmup_steps over the ratio when both are set; grpo asks for one."""
+    cfg = load(None, ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1"])
+    assert (cfg.actor.lr_warmup_steps_ratio, cfg.actor.lr_warmup_steps) == (0.1, 0)
+    with pytest.raises(ConfigError, match="keep one of them"):
+        load(None, ["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "actor.lr_warmup_steps=10"])
+    with pytest.raises(ConfigError, match=r"in \[0, 1\]"):
+        load(None, ["actor.lr_warmup_steps_ratio=1.5"])

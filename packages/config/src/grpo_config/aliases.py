@@ -53,6 +53,7 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_R}.fsdp_config.param_offload": "ref.torch.param_offload",
         f"{_A}.optim.lr": "actor.lr",
         f"{_A}.optim.lr_warmup_steps": "actor.lr_warmup_steps",
+        f"{_A}.optim.lr_warmup_steps_ratio": "actor.lr_warmup_steps_ratio",
         f"{_A}.optim.weight_decay": "actor.weight_decay",
         f"{_A}.optim.clip_grad": "actor.grad_clip",
         f"{_A}.optim.override_optimizer_config.optimizer_offload_fraction": "actor.megatron.optimizer_offload_fraction",

@@ -174,6 +174,9 @@ class ActorConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     lr: float = 1e-6
     lr_warmup_steps: int = 0
+    # verl's optim.lr_warmup_steps_ratio: the warmup as a share of the run's training steps
+    # (total_training_steps, else epochs x batches), int() as verl rounds; with lr_warmup_steps 0.
+    lr_warmup_steps_ratio: float = 0.0
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     ppo_mini_batch_size: int = 8

@@ -23,6 +23,7 @@ from grpo_config.replicas import RolloutReplicas
 from grpo_config.schema import TrainerConfig
 from grpo_device import DeviceKind
 from grpo_trainer.algo import grpo_math
+from grpo_trainer.algo.lr_schedule import with_warmup_steps
 from grpo_trainer.algo.reward_shaping import KLController, kl_reward_penalty
 from grpo_trainer.algo.rollout_correction import RolloutCorrection, mismatch_metrics
 from grpo_trainer.batching import pad_rows, rank_shards, response_budget
@@ -66,8 +67,6 @@ class TrainResult:
     wall_time_s: float = 0.0
 
 
-
-
 class _Run:
     """State of one `train` call: the data, the rewards, the algorithm's state and the step count;
     its methods are the step, validation, resume and save."""
@@ -91,6 +90,7 @@ class _Run:
         self.kl_controller = KLController(cfg.algorithm.kl_ctrl)
         self.correction = RolloutCorrection(cfg.algorithm.rollout_correction)
         self.total_steps = cfg.total_training_steps or cfg.total_epochs * len(self.sampler)
+        self.cfg = cfg = with_warmup_steps(cfg, self.total_steps)  # what the workers are built with
         self.rewards = RewardManager(
             cfg.reward.timeout_s,
             cfg.reward.custom_fn,

@@ -9,6 +9,7 @@ from grpo_config.schema import TrainerConfig
 RANGES: tuple[Range, ...] = (
     ("actor.lr", lambda v: v > 0, "a positive learning rate, e.g. 1e-6"),
     ("actor.lr_warmup_steps", lambda v: v >= 0, ">= 0 steps"),
+    ("actor.lr_warmup_steps_ratio", lambda v: 0 <= v <= 1, "in [0, 1] (a share of the run's steps)"),
     ("actor.weight_decay", lambda v: v >= 0, ">= 0"),
     ("actor.grad_clip", lambda v: v > 0, "a positive gradient-norm bound, e.g. 1.0"),
     ("actor.ppo_epochs", lambda v: v >= 1, ">= 1"),
@@ -58,7 +59,7 @@ def actor_problems(cfg: TrainerConfig) -> list[str]:
                 f"ref.dtype={cfg.ref.dtype} differs from actor.dtype={cfg.actor.dtype}: the Megatron "
                 f"backend builds the reference model in actor.dtype. Unset ref.dtype."
             )
-    return problems + policy_loss_problems(cfg) + torch_offload_problems(cfg)
+    return problems + policy_loss_problems(cfg) + torch_offload_problems(cfg) + warmup_problems(cfg)
 
 
 def torch_offload_problems(cfg: TrainerConfig) -> list[str]:
@@ -80,6 +81,17 @@ def torch_offload_problems(cfg: TrainerConfig) -> list[str]:
         return [
             "actor.torch.param_offload=true with rollout.engine=hf: the hf engine generates with the policy's own "
             "weights, so they cannot leave the device during the rollout. Set it to false, or use rollout.engine=vllm."
+        ]
+    return []
+
+
+def warmup_problems(cfg: TrainerConfig) -> list[str]:
+    actor = cfg.actor
+    if actor.lr_warmup_steps and actor.lr_warmup_steps_ratio:
+        return [
+            f"actor.lr_warmup_steps={actor.lr_warmup_steps} and actor.lr_warmup_steps_ratio="
+            f"{actor.lr_warmup_steps_ratio} both set the warmup (verl takes the steps and ignores the ratio): "
+            "keep one of them."
         ]
     return []
 
