@@ -24,6 +24,7 @@ import torch.distributed as dist
 import grpo_device
 from grpo_config.schema import ActorConfig, MegatronConfig, TrainerConfig
 from grpo_device import DeviceKind
+from grpo_trainer.backends.megatron.grad_norm import use_foreach_grad_norm
 from grpo_trainer.backends.megatron.imports import (
     import_auto_bridge,
     import_megatron_stack,
@@ -246,7 +247,8 @@ def add_vision_tower(provider: Any, model_path: str, *, trainable: bool) -> Any:
 
 def build_optimizer(actor: ActorConfig, model: list[torch.nn.Module]) -> Any:
     """Megatron Adam (distributed over data parallel ranks when configured), optionally with part
-    or all of its state and update on the CPU."""
+    or all of its state and update on the CPU; the gradient norm of its clipping on the device
+    (`grad_norm`)."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     megatron = actor.megatron
@@ -255,6 +257,7 @@ def build_optimizer(actor: ActorConfig, model: list[torch.nn.Module]) -> Any:
     valid = {f.name for f in dataclasses.fields(OptimizerConfig)}
     validate_overrides(megatron.override_optimizer_config, valid, setting="override_optimizer_config")
     optimizer = get_megatron_optimizer(OptimizerConfig(**settings), model)
+    use_foreach_grad_norm()
     fused = use_fused_torch_adam(optimizer)
     if fused:
         log.info("megatron.optimizer_fused_adam", param_groups=fused)
