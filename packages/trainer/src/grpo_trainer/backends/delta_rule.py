@@ -15,6 +15,8 @@ from importlib import metadata
 
 import torch
 
+from grpo_device import DeviceKind, torch_device_module
+
 Version = tuple[int, ...]
 
 
@@ -34,7 +36,7 @@ class KernelFacts:
 
 def facts(device: torch.device) -> KernelFacts | None:
     """The facts that decide it, for a CUDA `device`; None for any other device."""
-    if device.type != "cuda":
+    if device.type != DeviceKind.CUDA:
         return None
 
     def installed(name: str) -> bool:
@@ -45,7 +47,7 @@ def facts(device: torch.device) -> KernelFacts | None:
     except metadata.PackageNotFoundError:
         triton = None
     return KernelFacts(
-        hopper=torch.cuda.get_device_capability(device)[0] == 9,
+        hopper=torch_device_module(DeviceKind.CUDA).get_device_capability(device)[0] == 9,
         triton=triton,
         fla=installed("fla"),
         tilelang=installed("tilelang"),
