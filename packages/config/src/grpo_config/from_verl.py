@@ -179,7 +179,8 @@ def convert(overrides: Iterable[str], *, config_name: str | None = None) -> Conv
     lines = [line for line in lines if line not in interpolated]
     backend, decided_by = backend_choice(lines, config_name)
     written_as = per_device_sizes(lines, megatron=backend == "megatron")  # judged per device, reported as written
-    lines = [next((new for new, old in written_as.items() if old == line), line) for line in lines]
+    per_device = {old: new for new, old in written_as.items()}
+    lines = [per_device.get(line, line) for line in lines]
     inferred = [] if backend is None or decided_by in lines else [f"{_STRATEGY}=megatron"]
     # every line's context: the line that decides the backend, when it holds on its own
     base = inferred + ([decided_by] if decided_by in lines and _problems([decided_by]) is not None else [])

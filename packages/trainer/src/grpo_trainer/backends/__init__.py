@@ -37,12 +37,14 @@ def check_delta_rule(cfg: TrainerConfig, device: torch.device) -> None:
     found = delta_rule.facts(device)
     if found is None:
         return
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(cfg.actor.model_path, trust_remote_code=cfg.actor.trust_remote_code)
     torch_rule = cfg.actor.backend == "megatron" and bool(
         cfg.actor.megatron.override_transformer_config.get("deterministic_mode")
     )
     problem = delta_rule.backward_problem(found, torch_delta_rule=torch_rule)
-    if problem and delta_rule.has_linear_attention(config):
+    if problem is None:
+        return
+    from transformers import AutoConfig  # read only where the machine would refuse the model
+
+    config = AutoConfig.from_pretrained(cfg.actor.model_path, trust_remote_code=cfg.actor.trust_remote_code)
+    if delta_rule.has_linear_attention(config):
         raise ValueError(problem)

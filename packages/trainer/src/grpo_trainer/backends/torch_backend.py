@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from grpo_config.schema import ActorConfig, RefConfig, TrainerConfig
 from grpo_device import DeviceKind
+from grpo_trainer.backends.delta_rule import has_linear_attention
 from grpo_trainer.backends.hf_model import (
     ENTROPY_CHUNK_ROWS,
     autocast_context,
@@ -275,8 +276,7 @@ def _check_packable(config: Any, device: torch.device) -> None:
             "use_remove_padding=true with a vision-language model: its multimodal positions are "
             "not packed yet; set actor.use_remove_padding=false (and ref.use_remove_padding)"
         )
-    layer_types = getattr(config.get_text_config(), "layer_types", None) or ()
-    if device.type != DeviceKind.CPU and "linear_attention" in layer_types:
+    if device.type != DeviceKind.CPU and has_linear_attention(config):
         raise ValueError(
             f"use_remove_padding=true with Gated DeltaNet layers on {device.type}: how the device's "
             "kernels (FLA, causal-conv1d) take the sequence boundaries is not verified yet (only the "
