@@ -20,9 +20,12 @@ for D in "$@"; do
   for a in "$D"/*.tar.xz; do [ -e "$a" ] && tar -xJf "$a" -C $S; done
   main=$(ls "$D"/*.whl 2>/dev/null | grep -v -e /fla_core- -e /flash_linear_attention- || true)
   fla=$(ls "$D"/fla_core-*.whl "$D"/flash_linear_attention-*.whl 2>/dev/null || true)
-  pip=("${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
-  [ -z "$main" ] || "${pip[@]}" --target $S $main 2>&1 | { grep -v "^WARNING: Target directory" || true; }
-  [ -z "$fla" ] || "${pip[@]}" --target "$FLA" $fla 2>&1 | { grep -v "^WARNING: Target directory" || true; }
+  pip=("${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --root-user-action ignore)
+  # pip --target --upgrade replaces a top-level folder that is already there: megatron_bridge (megatron/bridge)
+  # would delete megatron_core's megatron/core. Each folder installs into its own stage, merged in after.
+  install() { local to=$1; shift; local stage; stage=$(mktemp -d); "${pip[@]}" --target "$stage" "$@"; cp -a "$stage"/. "$to"/; rm -rf "$stage"; }
+  [ -z "$main" ] || install $S $main
+  [ -z "$fla" ] || install "$FLA" $fla
   echo "$size" > $S/.unpacked$name
   echo "unpacked $D in $(( ($(date +%s%N) - t0) / 1000000 )) ms; $S holds $(du -sm "$S" | cut -f1) MB"
 done
