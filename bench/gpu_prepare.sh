@@ -36,6 +36,8 @@ for d in .vx1 .vx2 .whl .whl2 .whl3 .rayw; do
   grep -qxF "/$d/" "$EXC" 2>/dev/null || echo "/$d/" >> "$EXC"
   rm -rf "${ROOT:?}/$d" && mkdir -p "$ROOT/$d"
 done
+# .kcache is not built here: it holds the kernel caches a device call packed (bench/gpu_session.sh)
+grep -qxF "/.kcache/" "$EXC" 2>/dev/null || echo "/.kcache/" >> "$EXC"
 
 pin() { echo "$PLAN" | awk -v n="$1" '$2 ~ "^"n"==" {print $2}'; }
 # vLLM, stripped of what a GPU machine running offline vllm.LLM does not load.

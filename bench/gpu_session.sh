@@ -28,6 +28,15 @@ done
 root=$PWD
 export PYTHONPATH=/tmp/site:/tmp/site_fla:$root/packages/launchers/common/src:$root/packages/launchers/qwen35_35b/src:$root/packages/tiny/src:$root/packages/trainer/src:$root/packages/config/src:$root/packages/device/src:$root/packages/ckpt/src:$root/packages/trainer/tests/megatron
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 NCCL_NVLS_ENABLE=0
+# A fresh machine spends minutes in Triton autotuning and TileLang compiles before step 1 (2026-12-07:
+# step 1 at the 35B's shapes did not finish in 580 s). The kernel caches travel: each call packs them into
+# $OUT/kernels.tar.xz; copied into .kcache here, the next session's calls carry it (docs/benchmarks.md).
+export TRITON_CACHE_AUTOTUNING=1
+if [ -f .kcache/kernels.tar.xz ] && [ ! -f "$HOME/.kcache_unpacked" ]; then
+  tar -xJf .kcache/kernels.tar.xz -C "$HOME" && touch "$HOME/.kcache_unpacked" && echo "kernel caches unpacked"
+fi
+pack_kernels() { (cd "$HOME" && ls -d .triton/cache .tilelang/cache 2>/dev/null | xargs -r tar -cJf "$OUT/kernels.tar.xz") || true; }
+trap pack_kernels EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
 status=0
@@ -65,7 +74,7 @@ for part in "$@"; do
     real|real=*)
       args=${part#real}; args=${args#=}
       [ -f /tmp/site/vllm/__init__.py ] && [ -d /tmp/site/ray ] || { echo "COLD MACHINE: vLLM or Ray is not in /tmp/site"; exit 2; }
-      VLLM_USE_FLASHINFER_SAMPLER=0 timeout 580 python3 bench/gpu_real_shape.py --out "$OUT" ${args//,/ } 2>&1 \
+      VLLM_USE_FLASHINFER_SAMPLER=0 timeout ${REAL_TIMEOUT:-580} python3 bench/gpu_real_shape.py --out "$OUT" ${args//,/ } 2>&1 \
         | grep -v "Loading weights\|Writing model" > "$OUT/real_shape.log" || status=1
       grep '^{"layers"\|^REAL SHAPE' "$OUT/real_shape.log"; tail -n 5 "$OUT/real_shape.log" ;;
     sync|sync=*)
