@@ -154,3 +154,34 @@ def test_gpu_prepare_fetches_exactly_the_plan():
     scripts = {name: (ROOT / "bench" / name).read_text() for name in ("gpu_prepare.sh", "gpu_session.sh")}
     folders = {name: re.findall(r"for d in ((?:\.\w+ ?)+); do", text) for name, text in scripts.items()}
     assert set(folders["gpu_prepare.sh"]) == {".vx1 .vx2 .whl .whl2 .whl3 .rayw"} == set(folders["gpu_session.sh"])
+
+
+def _wheel(folder: Path, dist: str, module: str) -> None:
+    """A minimal pure-Python wheel holding `module` (a dotted path under a shared top-level folder)."""
+    import zipfile
+
+    info = f"{dist}-1.0.dist-info"
+    files = {
+        f"{module.replace('.', '/')}/__init__.py": "",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / f"{dist}-1.0-py3-none-any.whl", "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+
+
+def test_gpu_unpack_keeps_a_shared_top_level_folder_whole(tmp_path):
+    """megatron-core and megatron-bridge both install into megatron/ and travel in different folders;
+    `pip --target --upgrade` alone replaces the folder a first call installed (2026-12-07 on the GPU:
+    `No module named 'megatron.core'`). Unpacked one folder a call, both halves must stay."""
+    _wheel(tmp_path / ".whl2", "ns_core", "ns.core")
+    _wheel(tmp_path / ".whl3", "ns_bridge", "ns.bridge")
+    site = tmp_path / "site"
+    env = {**os.environ, "SITE": str(site), "SITE_FLA": str(tmp_path / "fla"), "PYTHON": sys.executable}
+    for folder in (".whl2", ".whl3"):
+        subprocess.run(["bash", str(ROOT / "bench" / "gpu_unpack.sh"), str(tmp_path / folder)],
+                       env=env, check=True, capture_output=True, text=True)
+    assert sorted(p.name for p in (site / "ns").iterdir()) == ["bridge", "core"]
