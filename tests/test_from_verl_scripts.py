@@ -234,6 +234,27 @@ def test_inert_lines_become_comments_not_settings() -> None:
     assert yaml.safe_load(text) == {"algorithm": {"use_kl_in_reward": False}}
 
 
+def test_a_refused_layout_field_takes_only_its_own_lines() -> None:
+    """verl scripts give the actor and the reference the same Megatron layout. Context parallelism is
+    refused; the tensor and pipeline sizes both sides give still map (before 2026-12-07 the two cp
+    lines took the four others with them: 'ref.parallel differs')."""
+    layout = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "context_parallel_size": 2}
+    lines = [
+        f"actor_rollout_ref.{role}.megatron.{key}={value}" for role in ("actor", "ref") for key, value in layout.items()
+    ]
+    conversion = convert(["actor_rollout_ref.actor.strategy=megatron", "trainer.n_gpus_per_node=8", *lines])
+    refused = dict(conversion.refused)
+    assert sorted(refused) == [
+        "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+        "actor_rollout_ref.ref.megatron.context_parallel_size=2",
+    ]
+    assert "context parallelism is not supported" in refused["actor_rollout_ref.actor.megatron.context_parallel_size=2"]
+    assert "ref.parallel.cp=2: ref.parallel differs from parallel (cp=1)" in refused[
+        "actor_rollout_ref.ref.megatron.context_parallel_size=2"
+    ]
+    assert conversion.settings["parallel"] == {"tp": 2, "pp": 2}
+
+
 def test_a_machine_probe_is_answered_failing_and_said(tmp_path: Path, capsys, entry_point_logging) -> None:
     """verl's Qwen3.5 scripts choose DEVICE with `python3 -c 'import torch_npu'`: the probe is not run
     here, it fails (the GPU branch), and from-verl names it so that --env can choose the other."""

@@ -158,11 +158,15 @@ def interleaving_problems(
 def megatron_reference_problems(cfg: TrainerConfig) -> list[str]:
     problems: list[str] = []
     if cfg.ref.parallel not in (None, cfg.parallel):
+        # One problem per field: from-verl judges each line by the problems it adds, so a script whose
+        # actor and reference layouts agree but for one refused field loses that field's lines only.
         names = [f.name for f in dataclasses.fields(ParallelConfig)]
-        problems.append(
-            f"{', '.join(changed_fields(cfg.ref.parallel, cfg.parallel, names, 'ref.parallel'))}: ref.parallel differs "
-            "from parallel: the Megatron reference model shares the actor's parallel layout (one set of "
-            "process groups). Remove ref.parallel (it inherits parallel)."
+        problems.extend(
+            f"{field}: ref.parallel differs from parallel ({name}={getattr(cfg.parallel, name)!r}): the "
+            "Megatron reference model shares the actor's parallel layout (one set of process groups). "
+            "Remove ref.parallel (it inherits parallel)."
+            for name in names
+            for field in changed_fields(cfg.ref.parallel, cfg.parallel, [name], "ref.parallel")
         )
     if cfg.parallel.cp > 1:
         problems.append(
