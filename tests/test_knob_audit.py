@@ -38,6 +38,10 @@ HF_EXPORT = "tests/test_checkpoint_hf_export.py"
 MEGATRON_PROVIDER = f"{TRAINER}/megatron/test_megatron_provider.py"
 LANDS_ON_PROVIDER = f"{MEGATRON_PROVIDER}::test_settings_and_overrides_land_on_the_bridge_provider"
 
+MULTI_TURN = f"{TRAINER}/tools/test_multi_turn.py"
+MULTI_TURN_CONFIG = f"{MULTI_TURN}::test_the_config_section_sets_every_loop_setting_and_its_tools"
+MULTI_TURN_TRAIN = "tests/test_multi_turn_train.py::test_a_step_calls_tools_and_trains_on_the_sampled_ids_only"
+
 VALIDATE = "packages/config/tests/test_validate.py"
 ONE_STEP_OFF = "tests/test_one_step_off.py::test_each_step_trains_on_responses_of_the_weights_one_update_behind"
 ALGO = "tests/test_algorithm_settings.py"
@@ -239,6 +243,23 @@ READ: dict[str, tuple[str, ...]] = {
     "rollout.top_p": (SAMPLING,),
     "rollout.top_k": (SAMPLING,),
     "rollout.max_tokens": (SAMPLING, LOSS),
+    "rollout.multi_turn.enable": (MULTI_TURN_TRAIN, f"{MULTI_TURN_CONFIG}"),
+    **{
+        f"rollout.multi_turn.{name}": (MULTI_TURN_CONFIG, test)
+        for name, test in (
+            ("max_assistant_turns", f"{MULTI_TURN}::test_turn_limits_end_the_response"),
+            ("max_user_turns", f"{MULTI_TURN}::test_turn_limits_end_the_response"),
+            ("max_parallel_calls", f"{MULTI_TURN}::test_parallel_calls_answer_in_one_turn_and_extra_calls_are_told_not_run"),
+            ("max_tool_response_length", f"{MULTI_TURN}::test_hung_crashing_and_huge_tools_answer_the_model_and_the_batch_goes_on"),
+            ("tool_response_truncate_side", f"{MULTI_TURN}::test_hung_crashing_and_huge_tools_answer_the_model_and_the_batch_goes_on"),
+            ("format", f"{MULTI_TURN}::test_a_hand_checked_trajectory_is_the_templates_conversation_with_only_sampled_ids_trained"),
+            ("tools", MULTI_TURN_TRAIN),
+            ("function_tool_path", MULTI_TURN_CONFIG),
+            ("tool_timeout_s", MULTI_TURN_TRAIN),
+            ("tool_memory_mb", MULTI_TURN_CONFIG),
+            ("tool_network", MULTI_TURN_CONFIG),
+        )
+    },
     "rollout.tensor_parallel_size": (
         VLLM_KWARGS,
         f"{SETTINGS}::test_rollout_replicas_get_their_prompts_on_every_rank_and_answer_from_their_first",

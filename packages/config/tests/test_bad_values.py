@@ -189,6 +189,27 @@ CANNOT_HONOUR = [
         "rollout.engine_kwargs.max_model_len is set by grpo from rollout.max_model_len",
     ),
     (["rollout.engine=hf", "rollout.engine_kwargs={swap_space: 1}"], "rollout.engine=hf takes none"),
+    (
+        ["rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[search]"],
+        "rollout.multi_turn.tools has 'search', which is not a built-in tool; the built-in tools are calculator, python",
+    ),
+    (["rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[]"], "rollout.multi_turn.enable=true with no tools"),
+    (
+        ["rollout.multi_turn.enable=true", "rollout.multi_turn.max_parallel_calls=0"],
+        "rollout.multi_turn.max_parallel_calls=0 is out of range",
+    ),
+    (
+        ["actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml"],
+        "verl's tool YAML names verl's Python tool classes (BaseTool subclasses), which grpo does not run",
+    ),
+    (
+        ["actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml"],
+        "verl's interactions (a simulated user answering each turn) are not in grpo",
+    ),
+    (
+        ["actor_rollout_ref.rollout.multi_turn.max_turns=3"],
+        "'actor_rollout_ref.rollout.multi_turn.max_turns=3' is not a multi_turn key grpo knows",
+    ),
 ]
 
 UNREAD = [

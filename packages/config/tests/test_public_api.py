@@ -13,6 +13,7 @@ def test_public_api_is_frozen() -> None:
         "DeviceConfig",
         "LoggingConfig",
         "MegatronConfig",
+        "MultiTurnConfig",
         "ParallelConfig",
         "RefConfig",
         "RefMegatronConfig",

@@ -122,6 +122,18 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         f"{_RO}.dtype": "rollout.dtype",
         f"{_RO}.checkpoint_engine.update_weights_bucket_megabytes": "rollout.weight_sync_bucket_mb",
         f"{_RO}.engine_kwargs.vllm": "rollout.engine_kwargs",
+        **{
+            f"{_RO}.multi_turn.{name}": f"rollout.multi_turn.{name}"
+            for name in (
+                "enable",
+                "max_assistant_turns",
+                "max_user_turns",
+                "max_parallel_calls",
+                "max_tool_response_length",
+                "tool_response_truncate_side",
+                "format",
+            )
+        },
         # verl passes these straight to vLLM's engine, as rollout.engine_kwargs does.
         f"{_RO}.enable_chunked_prefill": "rollout.engine_kwargs.enable_chunked_prefill",
         f"{_RO}.enable_prefix_caching": "rollout.engine_kwargs.enable_prefix_caching",
@@ -202,8 +214,14 @@ _REWARD_MANAGER = (
 )
 _MULTI_TURN = f"{_RO}.multi_turn."
 _NO_MULTI_TURN = (
-    "multi-turn rollouts (tool calls, interactions) are not in grpo yet: it generates one answer per "
-    "prompt, as verl with multi_turn.enable=false; verl's multi_turn keys map once they are"
+    "grpo's multi-turn rollouts call tools (rollout.multi_turn: built-in calculator and python, "
+    "function_tool_path; docs/MULTI_TURN.md); a project's agent loops, search servers and simulated users are "
+    "not in grpo"
+)
+_NO_TOOL_CLASSES = (
+    "verl's tool YAML names verl's Python tool classes (BaseTool subclasses), which grpo does not run: give "
+    "grpo's built-in tools (rollout.multi_turn.tools: calculator, python) or plain functions in a Python file "
+    "(rollout.multi_turn.function_tool_path)"
 )
 _NO_ULYSSES = (
     "grpo's torch backend runs no Ulysses sequence parallelism (verl's default, 1); sequence parallelism "
@@ -218,7 +236,22 @@ GLOBAL_MICRO_BATCH_KEYS = (f"{_A}.ppo_micro_batch_size", f"{_RO}.log_prob_micro_
 _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
     {
         "trainer.critic_warmup": ((0,), "GRPO has no critic, so there is no critic warm-up"),
-        f"{_MULTI_TURN}enable": ((False,), _NO_MULTI_TURN),
+        f"{_MULTI_TURN}tool_config_path": ((None,), _NO_TOOL_CLASSES),
+        f"{_MULTI_TURN}interaction_config_path": (
+            (None,),
+            "verl's interactions (a simulated user answering each turn) are not in grpo; its multi-turn "
+            "rollouts answer tool calls only",
+        ),
+        f"{_MULTI_TURN}use_inference_chat_template": (
+            (False,),
+            "grpo trains on the ids as sampled, earlier turns' reasoning included (verl's default, false)",
+        ),
+        f"{_MULTI_TURN}tokenization_sanity_check_mode": (
+            ANY_VALUE,
+            "grpo never decodes and encodes a turn again (the ids trained on are the ids sampled plus the "
+            "template's tool messages), so there is no re-tokenisation to check",
+        ),
+        f"{_MULTI_TURN}num_repeat_rollouts": ((None,), "grpo samples rollout.n responses a prompt (verl's default, null)"),
         f"{_A}.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
         f"{_R}.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
         f"{_A}.fsdp_config.ulysses_sequence_parallel_size": ((1,), _NO_ULYSSES),
@@ -519,8 +552,12 @@ def special_settings(key: str, value: Any) -> list[tuple[str, Any]] | None:
         return _fixed_settings(key, value)
     if key in _REFUSED_KEYS:
         return _refused_settings(key, value)
-    if key.startswith(_MULTI_TURN):
-        raise ConfigError(f"'{key}={value}' cannot be honoured: {_NO_MULTI_TURN}.", key=key)
+    if key.startswith(_MULTI_TURN) and key not in ALIASES:
+        raise ConfigError(
+            f"'{key}={value}' is not a multi_turn key grpo knows: it maps "
+            f"{', '.join(sorted(k.removeprefix(_MULTI_TURN) for k in ALIASES if k.startswith(_MULTI_TURN)))}.",
+            key=key,
+        )
     section = next((prefix for prefix in _REFUSED_SECTIONS if key.startswith(prefix)), None)
     if section is not None and key not in ALIASES:
         raise ConfigError(f"'{key}={value}' cannot be honoured: {_REFUSED_SECTIONS[section]}.", key=key)

@@ -229,6 +229,28 @@ class RefConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MultiTurnConfig:
+    """Responses that call tools mid-answer (verl's `rollout.multi_turn`; docs/MULTI_TURN.md): each
+    finished turn's tool calls run in a sandbox and their answers, rendered by the chat template, are
+    appended before the model goes on; only the sampled tokens are trained on. Limits: None, none."""
+
+    enable: bool = False
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None  # tool answers appended
+    max_parallel_calls: int = 1  # calls run per turn; later ones are answered "not run"
+    max_tool_response_length: int = 256  # characters of one answer
+    tool_response_truncate_side: Literal["left", "right", "middle"] = "middle"
+    # How the chat template writes a call: Qwen3.5's XML (vLLM's qwen3_coder parser) or hermes JSON
+    # (Qwen2.5 / Qwen3, verl's default).
+    format: Literal["qwen3_xml", "hermes"] = "qwen3_xml"
+    tools: list[str] = field(default_factory=lambda: ["calculator", "python"])  # built in (docs/TOOLS.md)
+    function_tool_path: str | None = None  # a Python file: each public function is a tool too
+    tool_timeout_s: float = 10.0  # wall clock per call
+    tool_memory_mb: int = 1024  # address space per call
+    tool_network: bool = False  # False: the call gets no network where the OS allows
+
+
+@dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     engine: Literal["hf", "vllm"] = "vllm"
     # "sync": the engines live in the training ranks and generation and training take turns on the
@@ -260,6 +282,7 @@ class RolloutConfig:
     val_top_k: int = -1
     # Extra `vllm.LLM` keyword arguments (verl's engine_kwargs.vllm), checked against vLLM's EngineArgs.
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
     @property
     def worker_count(self) -> int:

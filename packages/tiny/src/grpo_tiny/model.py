@@ -20,13 +20,36 @@ EOS_TOKEN = "<|endoftext|>"
 # the tiny model has no use for and which would cost CPU time on every token.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 SEED = 1234
+# For tool conversations: the shape of Qwen3.5's template (its tool messages become a user turn of
+# <tool_response> blocks), without the system prompt, thinking and tool list, which the tiny model
+# does not need. End of turn: <|im_end|>, the tokenizer's EOS in `build_tokenizer(tools=True)`.
+TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
+# A calculator call's fixed parts in Qwen3.5's format, one token each, so a tiny model can learn to
+# write a call: CALL_OPEN, the expression, CALL_CLOSE.
+CALL_OPEN = "<tool_call>\n<function=calculator>\n<parameter=expression>\n"
+CALL_CLOSE = "\n</parameter>\n</function>\n</tool_call>"
+TOOL_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
-def build_tokenizer(texts: list[str], *, vocab_size: int):
+def build_tokenizer(texts: list[str], *, vocab_size: int, tools: bool = False):
     """A byte-level BPE trained on `texts` with the Qwen3.5 pre-tokenizer (digits one per token),
     so `AutoTokenizer` (which picks `Qwen3_5Tokenizer` for this model type and rebuilds that
     pipeline) encodes exactly as trained. Only bytes seen in `texts` enter the vocabulary, which
-    keeps it small: a random model then emits a digit often enough to be rewarded."""
+    keeps it small: a random model then emits a digit often enough to be rewarded. With `tools`,
+    Qwen3.5's turn markers are special tokens, <|im_end|> is the EOS, a calculator call's fixed parts
+    are a token each (`CALL_OPEN`, `CALL_CLOSE`) and the template renders tool messages
+    (`TOOL_CHAT_TEMPLATE`)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen3_5.tokenization_qwen3_5 import PRETOKENIZE_REGEX
@@ -40,12 +63,18 @@ def build_tokenizer(texts: list[str], *, vocab_size: int):
         ]
     )
     core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[PAD_TOKEN, EOS_TOKEN], show_progress=False
-    )
+    if tools:  # a tool's answer may hold any printable character
+        import string
+
+        texts = [*texts, string.printable]
+    specials = [PAD_TOKEN, EOS_TOKEN, TURN_START, TURN_END] if tools else [PAD_TOKEN, EOS_TOKEN]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
     core.train_from_iterator(texts, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN)
-    tokenizer.chat_template = CHAT_TEMPLATE
+    eos = TURN_END if tools else EOS_TOKEN
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD_TOKEN, eos_token=eos)
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE if tools else CHAT_TEMPLATE
+    if tools:
+        tokenizer.add_tokens([CALL_OPEN, CALL_CLOSE])
     return tokenizer
 
 
@@ -83,13 +112,14 @@ def build_model(*, vocab_size: int, pad_token_id: int, eos_token_id: int, max_po
     return model
 
 
-def ensure_tiny_model(model_dir: Path, *, texts: list[str], vocab_size: int = 48) -> Path:
-    """Build tokenizer + model into `model_dir` unless a complete one is already there."""
+def ensure_tiny_model(model_dir: Path, *, texts: list[str], vocab_size: int = 48, tools: bool = False) -> Path:
+    """Build tokenizer + model into `model_dir` unless a complete one is already there (`tools`:
+    the tool-calling tokenizer, `build_tokenizer`)."""
     marker = model_dir / "config.json"
     if marker.exists() and (model_dir / "tokenizer.json").exists():
         return model_dir
     tmp = model_dir.with_name(model_dir.name + ".tmp")
-    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size, tools=tools)
     model = build_model(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
@@ -114,7 +144,9 @@ def ensure_tiny_model(model_dir: Path, *, texts: list[str], vocab_size: int = 48
     return model_dir
 
 
-def save_vision_language_layout(text_dir: Path, out_dir: Path, *, language_weights: bool = True, seed: int = 1) -> Path:
+def save_vision_language_layout(
+    text_dir: Path, out_dir: Path, *, language_weights: bool = True, seed: int = 1
+) -> Path:
     """The text checkpoint at `text_dir` in Qwen3.5's real checkpoint layout
     (`Qwen3_5MoeForConditionalGeneration`: the language model under `model.language_model.*`, a
     one-layer random vision tower under `model.visual.*`), with its tokenizer: what vLLM (0.26 on

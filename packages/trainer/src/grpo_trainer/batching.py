@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from grpo_config.schema import TrainerConfig
-from grpo_trainer.protocols import PolicyBatch
+from grpo_trainer.protocols import Generation, PolicyBatch
 
 
 def response_budget(cfg: TrainerConfig) -> int:
@@ -29,8 +29,10 @@ def pad_rows(
     *,
     pad_token_id: int,
     rollout_log_probs: Sequence[Sequence[float]] | None = None,
+    masks: Sequence[Sequence[int] | None] | None = None,
 ) -> PolicyBatch:
-    """Right-padded `PolicyBatch` of `prompt_i + response_i` rows (no advantages yet)."""
+    """Right-padded `PolicyBatch` of `prompt_i + response_i` rows (no advantages yet). `masks[i]`
+    (a multi-turn response's `Generation.mask`) keeps only its sampled ids in `response_mask`."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     width = max((len(p) + len(r) for p, r in zip(prompts, responses, strict=True)), default=1)
@@ -43,7 +45,13 @@ def pad_rows(
         p, r = len(prompt), len(response)
         input_ids[i, : p + r] = torch.tensor([*prompt, *response], dtype=torch.long)
         attention_mask[i, : p + r] = 1
-        response_mask[i, p : p + r] = 1.0
+        mask = masks[i] if masks is not None else None
+        if mask is None:
+            response_mask[i, p : p + r] = 1.0
+        elif len(mask) != r:
+            raise ValueError(f"response {i} has {r} ids but a mask of {len(mask)}")
+        else:
+            response_mask[i, p : p + r] = torch.tensor(mask, dtype=torch.float32)
         if rollout_log_probs is not None:
             rollout_lp[i, p : p + r] = torch.tensor(rollout_log_probs[i], dtype=torch.float32)
     return PolicyBatch(
@@ -51,6 +59,19 @@ def pad_rows(
         attention_mask=attention_mask,
         response_mask=response_mask,
         rollout_log_probs=rollout_lp if rollout_log_probs is not None else None,
+    )
+
+
+def pad_generations(
+    prompts: Sequence[Sequence[int]], generations: Sequence[Generation], *, pad_token_id: int
+) -> PolicyBatch:
+    """`pad_rows` of the engines' generations: their ids, log-probs and (multi-turn) masks."""
+    return pad_rows(
+        prompts,
+        [g.token_ids for g in generations],
+        pad_token_id=pad_token_id,
+        rollout_log_probs=[g.logprobs for g in generations],
+        masks=[g.mask for g in generations],
     )
 
 
@@ -105,6 +126,7 @@ def rank_shards(cfg: TrainerConfig, batch: PolicyBatch, dp_size: int) -> list[li
         lengths=row_lengths(batch) if cfg.actor.balance_batch else None,
     )
 
+
 def mini_batch_rows(num_rows: int, num_mini_batches: int) -> list[list[int]]:
     """A rank's rows as `num_mini_batches` consecutive equal blocks (its slice of each mini-batch)."""
     if num_mini_batches < 1 or num_rows % num_mini_batches:
@@ -121,7 +143,9 @@ def take_rows(
     `multiple`."""
     index = torch.tensor(list(rows), dtype=torch.long)
     if width is None:
-        width = max(int(batch.attention_mask.index_select(0, index).sum(dim=-1).max().item()), 1) if rows else 1
+        width = (
+            max(int(batch.attention_mask.index_select(0, index).sum(dim=-1).max().item()), 1) if rows else 1
+        )
     pad = -width % multiple
 
     def pick(t: Any) -> Any:
@@ -167,7 +191,9 @@ def plan_micro_batches(
     if count is None or count == len(groups):
         return groups
     if count < len(groups) or count > len(lengths):
-        raise ValueError(f"cannot cut {len(lengths)} rows planned as {len(groups)} micro-batches into {count}")
+        raise ValueError(
+            f"cannot cut {len(lengths)} rows planned as {len(groups)} micro-batches into {count}"
+        )
     while len(groups) < count:
         at = max(
             (k for k, group in enumerate(groups) if len(group) > 1),
@@ -178,7 +204,9 @@ def plan_micro_batches(
     return groups
 
 
-def _plan(lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | None, packed: bool) -> list[list[int]]:
+def _plan(
+    lengths: Sequence[int], *, micro_batch_size: int, max_tokens: int | None, packed: bool
+) -> list[list[int]]:
     if max_tokens is None:
         if micro_batch_size < 1:
             raise ValueError(f"micro-batch size must be >= 1, got {micro_batch_size}")
@@ -241,7 +269,9 @@ def micro_batches(
     out = []
     for group in groups:
         width = batch_width if shape.same_width else max(max(lengths[i] for i in group), 1)
-        out.append(MicroBatch(rows=group, batch=take_rows(batch, group, width=width, multiple=shape.multiple)))
+        out.append(
+            MicroBatch(rows=group, batch=take_rows(batch, group, width=width, multiple=shape.multiple))
+        )
     return out
 
 

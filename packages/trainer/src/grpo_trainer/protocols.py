@@ -25,13 +25,29 @@ class SamplingParams:
 
 
 @dataclass(kw_only=True)
+class ToolUse:
+    """What a multi-turn response did besides sampling: its turns and tool calls."""
+
+    assistant_turns: int = 1
+    tool_calls: int = 0
+    tool_errors: int = 0  # calls answered with an error (bad call, crash, limit), timeouts apart
+    tool_timeouts: int = 0
+    tool_seconds: float = 0.0
+    tool_tokens: int = 0  # ids the template added (tool messages, turn markers): mask 0
+
+
+@dataclass(kw_only=True)
 class Generation:
-    """One sampled response. `logprobs[i]` is the engine's log-probability of `token_ids[i]`."""
+    """One sampled response. `logprobs[i]` is the engine's log-probability of `token_ids[i]`.
+    A multi-turn response also holds the template's tool messages: `mask[i]` is 1 where the model
+    sampled `token_ids[i]` and 0 where the template put it (log-prob 0 there); None: all sampled."""
 
     prompt_index: int
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str = "length"  # "stop" (EOS) or "length"
+    mask: list[int] | None = None
+    tools: ToolUse | None = None
 
 
 @runtime_checkable
@@ -117,7 +133,9 @@ class PolicyBackend(Protocol):
         """`values` summed over the data-parallel ranks (a new CPU float64 tensor)."""
         ...
 
-    def log_probs(self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool) -> list[TokenOutputs]:
+    def log_probs(
+        self, micros: Sequence[PolicyBatch], *, ref: bool, with_entropy: bool
+    ) -> list[TokenOutputs]:
         """Per micro-batch, {"log_probs": [B, T]} (and "entropy" when asked), float32 on the CPU,
         without gradient, under the policy or, with `ref`, the frozen reference policy (built only
         for a KL loss or KL in the reward)."""

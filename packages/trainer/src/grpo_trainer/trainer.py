@@ -26,7 +26,7 @@ from grpo_trainer.algo import grpo_math
 from grpo_trainer.algo.lr_schedule import with_warmup_steps
 from grpo_trainer.algo.reward_shaping import KLController, kl_reward_penalty
 from grpo_trainer.algo.rollout_correction import RolloutCorrection, mismatch_metrics
-from grpo_trainer.batching import pad_rows, rank_shards, response_budget
+from grpo_trainer.batching import pad_generations, rank_shards, response_budget
 from grpo_trainer.data import PromptItem, ResumableSampler, datasets_for
 from grpo_trainer.data.images import load_processor
 from grpo_trainer.devices import resolve_device_kind, with_device_kind
@@ -45,6 +45,7 @@ from grpo_trainer.driver.scoring import Scorer
 from grpo_trainer.driver.timing import PhaseTimer
 from grpo_trainer.protocols import PolicyBatch
 from grpo_trainer.rewards import RewardManager
+from grpo_trainer.rollout.multi_turn import tool_loop
 from grpo_trainer.workers.group import ensure_ray, shutdown_ray
 from grpo_trainer.workers.policy_worker import HF_EXPORT_DIR
 from grpo_trainer.workers.policy_workers import PolicyWorkers, process_count
@@ -80,7 +81,9 @@ class _Run:
         )
         data = cfg.data
         processor = load_processor(cfg.actor.model_path, trust_remote_code=cfg.actor.trust_remote_code)
-        self.train_data, self.val_data = datasets_for(data, self.tokenizer, processor)
+        self.tools = tool_loop(cfg, self.tokenizer)
+        schemas = self.tools.schemas if self.tools else None
+        self.train_data, self.val_data = datasets_for(data, self.tokenizer, processor, tools=schemas)
         self.sampler = ResumableSampler(
             len(self.train_data),
             batch_size=data.gen_batch_size or data.train_batch_size,
@@ -123,6 +126,7 @@ class _Run:
             vision=self.vision,
             sampler=self.sampler,
             total_steps=self.total_steps,
+            tools=self.tools,
         )
 
     # -- the step ---------------------------------------------------------------------------------
@@ -134,11 +138,8 @@ class _Run:
 
         sampled = mode.sample(self.step, next_prompts, timer)
         rollout = sampled.rollout
-        batch = pad_rows(
-            [item.prompt_ids for item in rollout.items],
-            [g.token_ids for g in rollout.generations],
-            pad_token_id=self.pad_token_id,
-            rollout_log_probs=[g.logprobs for g in rollout.generations],
+        batch = pad_generations(
+            [item.prompt_ids for item in rollout.items], rollout.generations, pad_token_id=self.pad_token_id
         )
         if any(item.images for item in rollout.items):
             batch.vision = [self.vision.of(item) for item in rollout.items]
@@ -146,7 +147,7 @@ class _Run:
         shards = rank_shards(cfg, batch, workers.dp_size)
 
         rollout_log_probs = batch.rollout_log_probs
-        assert rollout_log_probs is not None  # pad_rows was given them
+        assert rollout_log_probs is not None  # pad_generations gave them
         bypass = cfg.algorithm.rollout_correction.bypass_mode
         if bypass:  # the engine's log-probs are the old policy's (zeros off the responses, as pad_rows')
             batch.old_log_probs = rollout_log_probs
@@ -176,11 +177,8 @@ class _Run:
             )
         mode.after_update(self.step, timer)
 
-        metrics.update(
-            rollout_metrics(
-                rollout, rewards=sampled.scores, advantages=batch.advantages, scored=sampled.scored
-            )
-        )
+        scores, advantages = sampled.scores, batch.advantages
+        metrics.update(rollout_metrics(rollout, rewards=scores, advantages=advantages, scored=sampled.scored))
         if not torch.equal(final_rewards, sampled.scores):
             metrics["reward/final_mean"] = float(final_rewards.mean())
         metrics.update({f"actor/{name}": value for name, value in update.items()})

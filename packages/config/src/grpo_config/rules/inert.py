@@ -11,6 +11,7 @@ from grpo_config.schema import (
     AlgorithmConfig,
     FilterGroupsConfig,
     KLControlConfig,
+    MultiTurnConfig,
     OverlongBufferConfig,
     RewardConfig,
     RolloutConfig,
@@ -56,6 +57,13 @@ def inert_settings(cfg: TrainerConfig) -> list[tuple[list[str], str]]:
             changed,
             "read by dynamic sampling only, and algorithm.filter_groups.enable=false (every generated "
             "prompt is trained on)",
+        )
+    turns = cfg.rollout.multi_turn
+    if not turns.enable:
+        names = [f.name for f in dataclasses.fields(MultiTurnConfig) if f.name != "enable"]
+        add(
+            changed_fields(turns, MultiTurnConfig(), names, "rollout.multi_turn"),
+            "read by multi-turn rollouts only, and rollout.multi_turn.enable=false",
         )
     correction = algorithm.rollout_correction
     if correction.rollout_is is None:

@@ -21,7 +21,16 @@ RANGES: tuple[Range, ...] = (
     ("rollout.max_num_batched_tokens", lambda v: v >= 1, ">= 1"),
     ("rollout.weight_sync_bucket_mb", lambda v: v >= 1, ">= 1 MB"),
     ("rollout.val_n", lambda v: v >= 1, ">= 1"),
+    ("rollout.multi_turn.max_assistant_turns", lambda v: v is None or v >= 1, ">= 1 or null (no limit)"),
+    ("rollout.multi_turn.max_user_turns", lambda v: v is None or v >= 0, ">= 0 or null (no limit)"),
+    ("rollout.multi_turn.max_parallel_calls", lambda v: v >= 1, ">= 1"),
+    ("rollout.multi_turn.max_tool_response_length", lambda v: v >= 1, ">= 1 character"),
+    ("rollout.multi_turn.tool_timeout_s", lambda v: v > 0, "> 0 seconds"),
+    ("rollout.multi_turn.tool_memory_mb", lambda v: v >= 64, ">= 64 MB (a Python interpreter needs about 30)"),
 )
+
+# The tools grpo_trainer.tools.registry builds in (a trainer test checks the two agree).
+BUILTIN_TOOLS = ("calculator", "python")
 
 # vllm.LLM arguments that grpo sets from its own settings.
 ENGINE_SETTINGS: dict[str, str] = {
@@ -52,7 +61,32 @@ VLLM_ONLY = (
 
 
 def rollout_problems(cfg: TrainerConfig) -> list[str]:
-    return range_problems(cfg, RANGES) + engine_kwargs_problems(cfg) + one_step_off_problems(cfg)
+    return (
+        range_problems(cfg, RANGES)
+        + engine_kwargs_problems(cfg)
+        + one_step_off_problems(cfg)
+        + multi_turn_problems(cfg)
+    )
+
+
+def multi_turn_problems(cfg: TrainerConfig) -> list[str]:
+    """The tools named exist (a tensor-parallel replica is fine: the driver runs the tools once and
+    every rank of the replica reads the same answers)."""
+    turns = cfg.rollout.multi_turn
+    if not turns.enable:
+        return []
+    problems = [
+        f"rollout.multi_turn.tools has {name!r}, which is not a built-in tool; the built-in tools are "
+        f"{', '.join(BUILTIN_TOOLS)} (your own: rollout.multi_turn.function_tool_path)."
+        for name in turns.tools
+        if name not in BUILTIN_TOOLS
+    ]
+    if not turns.tools and not turns.function_tool_path:
+        problems.append(
+            "rollout.multi_turn.enable=true with no tools: set rollout.multi_turn.tools (calculator, python) or "
+            "rollout.multi_turn.function_tool_path."
+        )
+    return problems
 
 
 def engine_kwargs_problems(cfg: TrainerConfig) -> list[str]:

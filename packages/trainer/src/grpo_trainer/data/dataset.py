@@ -61,6 +61,7 @@ class PromptDataset:
         overlong: OverlongMode = "filter",
         apply_chat_template: bool = True,
         processor: Any | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         if overlong not in OVERLONG_MODES:
             raise ValueError(f"unknown overlong mode {overlong!r}; use one of {list(OVERLONG_MODES)}")
@@ -72,6 +73,7 @@ class PromptDataset:
         self.overlong = overlong
         self.report = DataReport()
         self.processor = processor
+        self.tools = tools  # JSON schemas the chat template lists for the model (multi-turn)
         self._use_template = apply_chat_template and _has_chat_template(tokenizer)
         if apply_chat_template and not self._use_template:
             log.warning(
@@ -152,7 +154,9 @@ class PromptDataset:
         grid; the images kept as PNG bytes."""
         import io
 
-        text = self.processor.apply_chat_template(vision_messages(prompt), tokenize=False, add_generation_prompt=True)
+        text = self.processor.apply_chat_template(
+            vision_messages(prompt), tokenize=False, add_generation_prompt=True, tools=self.tools
+        )
         out = self.processor(text=[text], images=images)
         pngs = []
         for image in images:
@@ -169,7 +173,7 @@ class PromptDataset:
             prompt = [{"role": "user", "content": prompt}]
         if self._use_template:
             text = tokenizer.apply_chat_template(
-                [dict(m) for m in prompt], tokenize=False, add_generation_prompt=True
+                [dict(m) for m in prompt], tokenize=False, add_generation_prompt=True, tools=self.tools
             )
             assert isinstance(text, str), type(text)
             return text
@@ -216,8 +220,11 @@ class PromptDataset:
 _TRUNCATION: dict[str, OverlongMode] = {"error": "error", "left": "truncate_left", "right": "truncate_right"}
 
 
-def datasets_for(section: DataConfig, tokenizer: Any, processor: Any) -> tuple[PromptDataset, PromptDataset | None]:
-    """The training and (when `data.val_files` is set) validation datasets the `data` section names."""
+def datasets_for(
+    section: DataConfig, tokenizer: Any, processor: Any, *, tools: list[dict[str, Any]] | None = None
+) -> tuple[PromptDataset, PromptDataset | None]:
+    """The training and (when `data.val_files` is set) validation datasets the `data` section names;
+    `tools`: the multi-turn tools' schemas, listed by the chat template in every prompt."""
     if not section.train_files:
         raise ValueError("data.train_files is empty: give at least one parquet/jsonl file")
     args: dict[str, Any] = {
@@ -227,6 +234,7 @@ def datasets_for(section: DataConfig, tokenizer: Any, processor: Any) -> tuple[P
         "overlong": "filter" if section.filter_overlong_prompts else _TRUNCATION[section.truncation],
         "apply_chat_template": section.apply_chat_template,
         "processor": processor,
+        "tools": tools,
     }
     train = PromptDataset(section.train_files, tokenizer, **args)
     return train, PromptDataset(section.val_files, tokenizer, **args) if section.val_files else None

@@ -6,6 +6,7 @@ The derivation: docs/INTERNALS.md, `grpo_trainer.driver.rollout_modes`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from grpo_trainer.driver.sampling import groups_with_spread
 from grpo_trainer.driver.scoring import Sampled, Scorer
 from grpo_trainer.driver.timing import PhaseTimer
 from grpo_trainer.protocols import Generation
+from grpo_trainer.rollout.multi_turn import ToolLoop, Trajectory
 from grpo_trainer.workers.policy_workers import PolicyWorkers
 from grpo_trainer.workers.rollout_workers import PendingGeneration, RolloutWorkers
 
@@ -59,8 +61,10 @@ class Colocated:
         vision: VisionCache,
         filter_groups: FilterGroupsConfig,
         train_batch_size: int,
+        tools: ToolLoop | None = None,
     ) -> None:
         self.engines = engines
+        self.tools = tools
         self.planner = planner
         self.scorer = scorer
         self.vision = vision
@@ -120,8 +124,8 @@ class Colocated:
             self.engines.sync_weights()
 
     def generate(self, round_: Round, *, step: int) -> list[list[Generation]]:
-        """Wake the engines, sample every replica's chunk (with its prompts' images), put them back
-        to sleep."""
+        """Wake the engines, sample every replica's chunk (with its prompts' images) and, with
+        tools, every further turn, put them back to sleep."""
         engines = self.engines
         engines.rollout_wake()
         with tqdm(total=engines.world_size, desc="rollout", unit="rank", leave=False, disable=None) as bar:
@@ -131,8 +135,40 @@ class Colocated:
                 vision=self.vision.per_chunk(round_.chunks),
                 on_done=lambda _rank: bar.update(1),
             )
+        if self.tools is not None:
+            outputs = self._tool_turns(round_, outputs)
         engines.rollout_sleep()
         return outputs
+
+    def _tool_turns(self, round_: Round, outputs: list[list[Generation]]) -> list[list[Generation]]:
+        """Multi-turn: the tools answer here, in the driver (so every rank of a tensor-parallel
+        replica reads the same answers), and each replica samples its own responses' next turns."""
+        assert self.tools is not None
+        vision = self.vision.per_chunk(round_.chunks)
+        budget = round_.params[0].max_tokens
+        runs = [
+            run
+            for r, (chunk, out) in enumerate(zip(round_.chunks, outputs, strict=True))
+            for run in self.tools.start(
+                out, [p.prompt_ids for p in chunk], budget, group=r, vision=vision[r] if vision else None
+            )
+        ]
+
+        def continue_turns(going: list[Trajectory], turn_index: int, max_tokens: int) -> list[Generation]:
+            per = [[run for run in going if run.group == r] for r in range(len(round_.chunks))]
+            params = [
+                dataclasses.replace(
+                    p, n=1, max_tokens=max_tokens, seed=None if p.seed is None else p.seed + turn_index * len(runs)
+                )
+                for p in round_.params
+            ]
+            pixels = [[run.vision for run in mine] for mine in per] if vision else None
+            sampled = self.engines.generate([[run.prompt + run.ids for run in mine] for mine in per], params, vision=pixels)
+            turn = {id(run): gen for mine, out in zip(per, sampled, strict=True) for run, gen in zip(mine, out, strict=True)}
+            return [turn[id(run)] for run in going]
+
+        finished = iter(self.tools.finish(runs, budget, continue_turns))
+        return [[next(finished) for _ in out] for out in outputs]
 
     def sampler_state_in_flight(self) -> dict[str, Any] | None:
         return None
@@ -241,8 +277,10 @@ def make_rollout_mode(
     vision: VisionCache,
     sampler: ResumableSampler,
     total_steps: int,
+    tools: ToolLoop | None = None,
 ) -> RolloutMode:
-    """The mode `rollout.mode` names; one_step_off starts its rollout workers here."""
+    """The mode `rollout.mode` names; one_step_off starts its rollout workers here (each runs the
+    tool loop of `rollout.multi_turn` itself; colocated, `tools` runs in the driver)."""
     if cfg.rollout.mode == "one_step_off":
         return OneStepOff(
             policy,
@@ -260,4 +298,5 @@ def make_rollout_mode(
         vision=vision,
         filter_groups=cfg.algorithm.filter_groups,
         train_batch_size=cfg.data.train_batch_size,
+        tools=tools,
     )

@@ -115,4 +115,26 @@ def rollout_metrics(
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": sum(g.finish_reason == "length" for g in rollout.generations) / count,
         "prompt_length/mean": sum(len(i.prompt_ids) for i in rollout.items) / count,
+        **tool_metrics(rollout.generations),
+    }
+
+
+def tool_metrics(generations: Sequence[Generation]) -> dict[str, float]:
+    """Multi-turn responses' turns and tool calls, per response (none when no response used the loop).
+    `multi_turn/call_rate`: the share of responses that called a tool at least once."""
+    uses = [g.tools for g in generations if g.tools is not None]
+    if not uses:
+        return {}
+    count = len(uses)
+    calls = sum(u.tool_calls for u in uses)
+    sampled = sum(sum(g.mask) if g.mask is not None else len(g.token_ids) for g in generations)
+    return {
+        "multi_turn/assistant_turns_mean": sum(u.assistant_turns for u in uses) / count,
+        "multi_turn/tool_calls_mean": calls / count,
+        "multi_turn/call_rate": sum(u.tool_calls > 0 for u in uses) / count,
+        "multi_turn/tool_errors": float(sum(u.tool_errors for u in uses)),
+        "multi_turn/tool_timeouts": float(sum(u.tool_timeouts for u in uses)),
+        "multi_turn/tool_seconds": sum(u.tool_seconds for u in uses),
+        "multi_turn/sampled_tokens_mean": sampled / len(generations),
+        "multi_turn/tool_tokens_mean": sum(u.tool_tokens for u in uses) / count,
     }

@@ -236,6 +236,8 @@ class VLLMRolloutEngine:
         runs the model's processor itself."""
         if vision is not None and len(vision) != len(prompts):
             raise ValueError(f"{len(vision)} vision inputs for {len(prompts)} prompts")
+        if not prompts:  # a replica with no response still going (multi-turn)
+            return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         if self.asleep_tags:

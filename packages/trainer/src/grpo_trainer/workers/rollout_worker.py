@@ -22,6 +22,7 @@ from grpo_config.schema import TrainerConfig
 from grpo_trainer.devices import resolve_device_kind
 from grpo_trainer.protocols import Generation, SamplingParams
 from grpo_trainer.rollout import make_rollout_engine
+from grpo_trainer.rollout.multi_turn import MultiTurnEngine, tool_loop
 from grpo_trainer.rollout.vllm_weight_buckets import iter_buckets
 
 log = structlog.get_logger()
@@ -70,6 +71,9 @@ class RolloutWorker:
         )
         # A copy of the checkpoint the policy starts from: the same weights until the first load.
         self.engine = make_rollout_engine(self.cfg, device=device, tokenizer=tokenizer)
+        loop = tool_loop(self.cfg, tokenizer)  # one engine on one device: the worker runs the tools itself
+        if loop is not None:
+            self.engine = MultiTurnEngine(self.engine, loop)
         log.info("rollout_worker.ready", rank=self.rank, device=str(device), threads=self.num_threads, pid=os.getpid())
         return {"rank": self.rank, "device": str(device), "pid": os.getpid()}
 
