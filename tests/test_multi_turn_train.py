@@ -34,7 +34,10 @@ def prime(model_dir: Path, strength: float = 3.0) -> None:
     with torch.no_grad():
         hidden = model.model(**tokenizer(texts, return_tensors="pt", padding=True)).last_hidden_state
         direction = hidden.mean(dim=(0, 1))
-        rows = [*tokenizer.convert_tokens_to_ids([tiny_model.CALL_OPEN, tiny_model.CALL_CLOSE]), tokenizer.eos_token_id]
+        rows = [
+            *tokenizer.convert_tokens_to_ids([tiny_model.CALL_OPEN, tiny_model.CALL_CLOSE]),
+            tokenizer.eos_token_id,
+        ]
         model.lm_head.weight[rows] += strength * direction / direction.norm()
     model.save_pretrained(model_dir)
 

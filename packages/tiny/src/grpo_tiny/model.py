@@ -24,10 +24,19 @@ SEED = 1234
 # <tool_response> blocks), without the system prompt, thinking and tool list, which the tiny model
 # does not need. End of turn: <|im_end|>, the tokenizer's EOS in `build_tokenizer(tools=True)`.
 TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
-# A calculator call's fixed parts in Qwen3.5's format, one token each, so a tiny model can learn to
-# write a call: CALL_OPEN, the expression, CALL_CLOSE.
-CALL_OPEN = "<tool_call>\n<function=calculator>\n<parameter=expression>\n"
-CALL_CLOSE = "\n</parameter>\n</function>\n</tool_call>"
+
+
+def call_tokens(function: str, parameter: str) -> tuple[str, str]:
+    """A one-argument call's fixed parts in Qwen3.5's format: (opening, closing) around the value."""
+    return (
+        f"<tool_call>\n<function={function}>\n<parameter={parameter}>\n",
+        "\n</parameter>\n</function>\n</tool_call>",
+    )
+
+
+# A calculator call's fixed parts, one token each in `build_tokenizer(tools=True)`, so a tiny model
+# can learn to write a call: CALL_OPEN, the expression, CALL_CLOSE.
+CALL_OPEN, CALL_CLOSE = call_tokens("calculator", "expression")
 TOOL_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'tool' %}"
@@ -42,14 +51,17 @@ TOOL_CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(texts: list[str], *, vocab_size: int, tools: bool = False):
+def build_tokenizer(
+    texts: list[str], *, vocab_size: int, tools: bool = False, call: tuple[str, str] = (CALL_OPEN, CALL_CLOSE)
+):
     """A byte-level BPE trained on `texts` with the Qwen3.5 pre-tokenizer (digits one per token),
     so `AutoTokenizer` (which picks `Qwen3_5Tokenizer` for this model type and rebuilds that
     pipeline) encodes exactly as trained. Only bytes seen in `texts` enter the vocabulary, which
     keeps it small: a random model then emits a digit often enough to be rewarded. With `tools`,
-    Qwen3.5's turn markers are special tokens, <|im_end|> is the EOS, a calculator call's fixed parts
-    are a token each (`CALL_OPEN`, `CALL_CLOSE`) and the template renders tool messages
-    (`TOOL_CHAT_TEMPLATE`)."""
+    Qwen3.5's turn markers are special tokens, <|im_end|> is the EOS, a call's fixed parts (`call`,
+    the calculator's by default) are a token each and the template renders tool messages
+    (`TOOL_CHAT_TEMPLATE`). A character `texts` lack is not in the vocabulary: an answer holding one
+    loses it, so a tiny tool task keeps its tools' answers within its corpus."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen3_5.tokenization_qwen3_5 import PRETOKENIZE_REGEX
@@ -63,18 +75,14 @@ def build_tokenizer(texts: list[str], *, vocab_size: int, tools: bool = False):
         ]
     )
     core.decoder = decoders.ByteLevel()
-    if tools:  # a tool's answer may hold any printable character
-        import string
-
-        texts = [*texts, string.printable]
     specials = [PAD_TOKEN, EOS_TOKEN, TURN_START, TURN_END] if tools else [PAD_TOKEN, EOS_TOKEN]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
     core.train_from_iterator(texts, trainer=trainer)
     eos = TURN_END if tools else EOS_TOKEN
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD_TOKEN, eos_token=eos)
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE if tools else CHAT_TEMPLATE
-    if tools:
-        tokenizer.add_tokens([CALL_OPEN, CALL_CLOSE])
+    if tools:  # the call's and the tool answer's fixed parts: a token each
+        tokenizer.add_tokens([*call, "<tool_response>", "</tool_response>"])
     return tokenizer
 
 
@@ -112,14 +120,21 @@ def build_model(*, vocab_size: int, pad_token_id: int, eos_token_id: int, max_po
     return model
 
 
-def ensure_tiny_model(model_dir: Path, *, texts: list[str], vocab_size: int = 48, tools: bool = False) -> Path:
-    """Build tokenizer + model into `model_dir` unless a complete one is already there (`tools`:
-    the tool-calling tokenizer, `build_tokenizer`)."""
+def ensure_tiny_model(
+    model_dir: Path,
+    *,
+    texts: list[str],
+    vocab_size: int = 48,
+    tools: bool = False,
+    call: tuple[str, str] = (CALL_OPEN, CALL_CLOSE),
+) -> Path:
+    """Build tokenizer + model into `model_dir` unless a complete one is already there (`tools`,
+    `call`: the tool-calling tokenizer, `build_tokenizer`)."""
     marker = model_dir / "config.json"
     if marker.exists() and (model_dir / "tokenizer.json").exists():
         return model_dir
     tmp = model_dir.with_name(model_dir.name + ".tmp")
-    tokenizer = build_tokenizer(texts, vocab_size=vocab_size, tools=tools)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size, tools=tools, call=call)
     model = build_model(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,

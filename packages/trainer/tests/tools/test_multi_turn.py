@@ -267,4 +267,13 @@ def test_the_config_section_sets_every_loop_setting_and_its_tools(tokenizer, tmp
     clash = tmp_path / "clash.py"
     clash.write_text('def calculator(expression: str) -> str:\n    """Mine."""\n    return expression\n')
     with pytest.raises(ToolDefinitionError, match="name of a built-in tool"):
-        tool_loop(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, multi_turn=dataclasses.replace(cfg.rollout.multi_turn, function_tool_path=str(clash)))), tokenizer)
+        tool_loop(
+            dataclasses.replace(
+                cfg,
+                rollout=dataclasses.replace(
+                    cfg.rollout,
+                    multi_turn=dataclasses.replace(cfg.rollout.multi_turn, function_tool_path=str(clash)),
+                ),
+            ),
+            tokenizer,
+        )

@@ -42,9 +42,12 @@ def build_parser(profile: LaunchProfile) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--preset",
-        choices=("tiny", "tiny-vl", "full"),
+        choices=("tiny", "tiny-vl", "tiny-tool", "full"),
         default="full",
-        help="default: full; tiny / tiny-vl: a shrunk text / vision-language model and task on the CPU",
+        help=(
+            "default: full; tiny / tiny-vl / tiny-tool: a shrunk text / vision-language / tool-calling model and "
+            "task on the CPU"
+        ),
     )
     parser.add_argument(
         "--device", choices=tuple(DEVICE_KINDS), default=None, help="default: detected (DEVICE env honoured)"

@@ -16,9 +16,9 @@ from grpo_launch.dataset_rows import RECIPES
 from grpo_launch.errors import LaunchError
 from grpo_launch.profile import DEVICE_KINDS, LaunchProfile, deep_merge
 
-Preset = Literal["tiny", "tiny-vl", "full"]
+Preset = Literal["tiny", "tiny-vl", "tiny-tool", "full"]
 # Presets that build their own model and task on the CPU.
-TINY_PRESETS = ("tiny", "tiny-vl")
+TINY_PRESETS = ("tiny", "tiny-vl", "tiny-tool")
 
 _CLI_NAMES = {kind: name for name, kind in DEVICE_KINDS.items()}
 
@@ -127,13 +127,16 @@ def plan_tiny(
     overrides: Sequence[str],
     preset: Preset = "tiny",
 ) -> LaunchPlan:
-    """A tiny preset: `grpo_launch.presets.tiny_preset` (text) or `tiny_vl_preset` (vision-language)
-    builds a shrunk model and task under the output directory; the CLI overrides go over it. The
-    device is the CPU unless chosen explicitly."""
-    from grpo_launch.presets import tiny_preset, tiny_vl_preset  # build models: imported only when asked for
+    """A tiny preset: `grpo_launch.presets.tiny_preset` (text), `tiny_vl_preset` (vision-language)
+    or `tiny_tool_preset` (tool calls) builds a shrunk model and task under the output directory;
+    the CLI overrides go over it. The device is the CPU unless chosen explicitly."""
+    from grpo_launch import presets  # build models: imported only when asked for
 
     out = tiny_output_dir(profile, output_dir, preset)
-    base = tiny_vl_preset(out) if preset == "tiny-vl" else tiny_preset(out)
+    build = {"tiny-vl": presets.tiny_vl_preset, "tiny-tool": presets.tiny_tool_preset}.get(
+        preset, presets.tiny_preset
+    )
+    base = build(out)
     merged = deep_merge(base, {"device": {"kind": DEVICE_KINDS[device]}})
     config = _load(merged, overrides, num_experts=None)
     return LaunchPlan(
@@ -150,7 +153,9 @@ def plan_tiny(
 
 def tiny_output_dir(profile: LaunchProfile, output_dir: Path | None, preset: Preset) -> Path:
     """Where a tiny preset builds its model and task and writes its run."""
-    return (output_dir or Path("outputs") / f"{profile.launcher.removeprefix('grpo-launch-')}-{preset}").absolute()
+    return (
+        output_dir or Path("outputs") / f"{profile.launcher.removeprefix('grpo-launch-')}-{preset}"
+    ).absolute()
 
 
 def _load(merged: dict[str, Any], overrides: Sequence[str], *, num_experts: int | None) -> TrainerConfig:

@@ -3,7 +3,8 @@ tiny task's reward reaches the run through that config (`reward.custom_fn`), nev
 import in the trainer."""
 
 from grpo_launch.presets.tiny import tiny_preset
+from grpo_launch.presets.tiny_tool import tiny_tool_preset
 from grpo_launch.presets.tiny_vl import tiny_vl_preset
 from grpo_tiny.task import DATA_SOURCE as TINY_DATA_SOURCE
 
-__all__ = ["TINY_DATA_SOURCE", "tiny_preset", "tiny_vl_preset"]
+__all__ = ["TINY_DATA_SOURCE", "tiny_preset", "tiny_tool_preset", "tiny_vl_preset"]
