@@ -19,6 +19,7 @@ FULL_FILES = (
     "tests/test_vllm_grpo_loop.py",
     "tests/test_launch_tiny.py",
     "tests/test_launch_tiny_vl.py",
+    "tests/test_launch_tiny_tool.py",
     "tests/test_vllm_replicas.py",
     "tests/test_verl_corpus.py",
     "tests/test_one_step_off.py",
