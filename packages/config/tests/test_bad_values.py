@@ -195,6 +195,14 @@ CANNOT_HONOUR = [
     ),
     (["rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[]"], "rollout.multi_turn.enable=true with no tools"),
     (
+        ["rollout.multi_turn.enable=true", "data.apply_chat_template=false"],
+        "rollout.multi_turn.enable=true with data.apply_chat_template=false",
+    ),
+    (
+        ["rollout.multi_turn.enable=true", "rollout.multi_turn.max_user_turns=-1"],
+        "rollout.multi_turn.max_user_turns=-1 is out of range",
+    ),
+    (
         ["rollout.multi_turn.enable=true", "rollout.multi_turn.max_parallel_calls=0"],
         "rollout.multi_turn.max_parallel_calls=0 is out of range",
     ),

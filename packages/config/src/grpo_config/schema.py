@@ -232,7 +232,8 @@ class RefConfig:
 class MultiTurnConfig:
     """Responses that call tools mid-answer (verl's `rollout.multi_turn`; docs/MULTI_TURN.md): each
     finished turn's tool calls run in a sandbox and their answers, rendered by the chat template, are
-    appended before the model goes on; only the sampled tokens are trained on. Limits: None, none."""
+    appended before the model goes on; only the sampled tokens are trained on. Turn limits: None or 0,
+    none (verl's reading)."""
 
     enable: bool = False
     max_assistant_turns: int | None = None

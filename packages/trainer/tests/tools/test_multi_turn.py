@@ -160,6 +160,12 @@ def test_turn_limits_end_the_response(tokenizer) -> None:
     (gen,) = mt.generate([prompt_ids(tokenizer, "x")], SamplingParams(max_tokens=400))
     assert (len(inner.calls), gen.tools.tool_calls) == (2, 1)
 
+    # 0 is no limit, as verl reads it: the response ends when the model answers without a call.
+    two_calls = [[CALC.format("1+1")], [CALC.format("2+2")], ["done"]]
+    mt, inner = engine(tokenizer, two_calls, max_assistant_turns=0, max_user_turns=0)
+    (gen,) = mt.generate([prompt_ids(tokenizer, "x")], SamplingParams(max_tokens=400))
+    assert (len(inner.calls), gen.tools.assistant_turns, gen.tools.tool_calls) == (3, 3, 2)
+
 
 def test_parallel_calls_answer_in_one_turn_and_extra_calls_are_told_not_run(tokenizer) -> None:
     three = "".join(CALC.format(e) for e in ("1+2", "3*4", "5-6"))

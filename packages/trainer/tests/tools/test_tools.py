@@ -187,3 +187,11 @@ def test_calls_from_the_models_text_to_the_answer_it_reads(tmp_path: Path) -> No
     assert unknown.status == "error" and unknown.text.startswith(
         "no tool named 'search'; the tools are calculator"
     )
+
+
+def test_a_tool_that_cannot_start_is_an_error_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_trainer.tools import sandbox
+
+    monkeypatch.setattr(sandbox, "_jail_command", lambda: ["/nonexistent/python-for-tools"])
+    result = python("print(1)")
+    assert result.status == "error" and result.text.startswith("the tool could not start: ")

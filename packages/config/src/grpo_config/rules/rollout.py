@@ -21,8 +21,8 @@ RANGES: tuple[Range, ...] = (
     ("rollout.max_num_batched_tokens", lambda v: v >= 1, ">= 1"),
     ("rollout.weight_sync_bucket_mb", lambda v: v >= 1, ">= 1 MB"),
     ("rollout.val_n", lambda v: v >= 1, ">= 1"),
-    ("rollout.multi_turn.max_assistant_turns", lambda v: v is None or v >= 1, ">= 1 or null (no limit)"),
-    ("rollout.multi_turn.max_user_turns", lambda v: v is None or v >= 0, ">= 0 or null (no limit)"),
+    ("rollout.multi_turn.max_assistant_turns", lambda v: v is None or v >= 0, ">= 1, or 0 / null (no limit, as verl)"),
+    ("rollout.multi_turn.max_user_turns", lambda v: v is None or v >= 0, ">= 1, or 0 / null (no limit, as verl)"),
     ("rollout.multi_turn.max_parallel_calls", lambda v: v >= 1, ">= 1"),
     ("rollout.multi_turn.max_tool_response_length", lambda v: v >= 1, ">= 1 character"),
     ("rollout.multi_turn.tool_timeout_s", lambda v: v > 0, "> 0 seconds"),
@@ -81,6 +81,11 @@ def multi_turn_problems(cfg: TrainerConfig) -> list[str]:
         for name in turns.tools
         if name not in BUILTIN_TOOLS
     ]
+    if not cfg.data.apply_chat_template:
+        problems.append(
+            "rollout.multi_turn.enable=true with data.apply_chat_template=false: the tools are listed to the model "
+            "and their answers rendered by the chat template. Set data.apply_chat_template=true."
+        )
     if not turns.tools and not turns.function_tool_path:
         problems.append(
             "rollout.multi_turn.enable=true with no tools: set rollout.multi_turn.tools (calculator, python) or "

@@ -29,7 +29,7 @@ from grpo_trainer.tools.schema import ToolDefinitionError
 
 @dataclass(frozen=True, kw_only=True)
 class MultiTurnSettings:
-    """verl's `rollout.multi_turn` settings; None: no limit."""
+    """verl's `rollout.multi_turn` settings; a turn limit of None or 0 is no limit (verl's reading)."""
 
     format: Format = "qwen3_xml"
     max_assistant_turns: int | None = None
@@ -145,9 +145,9 @@ class ToolLoop:
         run.done = True
         if run.finish_reason != "stop":
             return False
-        if s.max_assistant_turns is not None and run.use.assistant_turns >= s.max_assistant_turns:
+        if s.max_assistant_turns and run.use.assistant_turns >= s.max_assistant_turns:
             return False
-        if s.max_user_turns is not None and run.use.assistant_turns - 1 >= s.max_user_turns:
+        if s.max_user_turns and run.use.assistant_turns - 1 >= s.max_user_turns:
             return False
         last_turn = run.ids[len(run.ids) - _last_turn_length(run.mask) :]
         run.calls = parse_tool_calls(self.tokenizer.decode(last_turn, skip_special_tokens=False), s.format)

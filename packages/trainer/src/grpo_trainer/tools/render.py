@@ -91,7 +91,7 @@ class ToolTurnRenderer:
         rendered = self._render_answers(answers)
         if last_token is not None:
             sampled_end = self.tokenizer.decode([last_token])
-            if sampled_end and self._turn_end.startswith(sampled_end):
+            if sampled_end and self._turn_end.startswith(sampled_end) and rendered.startswith(sampled_end):
                 return rendered[len(sampled_end) :]
         return rendered
 

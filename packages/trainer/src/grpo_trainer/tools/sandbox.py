@@ -50,14 +50,17 @@ def run(request: dict[str, Any], limits: Limits) -> ToolResult:
     """Run one jail request (`_jail`'s protocol) under `limits`."""
     started = time.monotonic()
     payload = json.dumps({"limits": asdict(limits), **request}).encode()
-    proc = subprocess.Popen(
-        _jail_command(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=_child_env(),
-        start_new_session=True,  # its own process group: a timeout kills what it started too
-    )
+    try:
+        proc = subprocess.Popen(
+            _jail_command(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=_child_env(),
+            start_new_session=True,  # its own process group: a timeout kills what it started too
+        )
+    except OSError as exc:  # no process, memory or file handle left: an answer, not a crash
+        return ToolResult("error", f"the tool could not start: {exc}", time.monotonic() - started)
     try:
         out, _ = proc.communicate(payload, timeout=limits.timeout_s)
     except subprocess.TimeoutExpired:
