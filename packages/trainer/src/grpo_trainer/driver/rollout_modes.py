@@ -6,7 +6,6 @@ The derivation: docs/INTERNALS.md, `grpo_trainer.driver.rollout_modes`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from grpo_trainer.driver.sampling import groups_with_spread
 from grpo_trainer.driver.scoring import Sampled, Scorer
 from grpo_trainer.driver.timing import PhaseTimer
 from grpo_trainer.protocols import Generation
-from grpo_trainer.rollout.multi_turn import ToolLoop, Trajectory
+from grpo_trainer.rollout.multi_turn import ToolLoop, Trajectory, next_turn_params
 from grpo_trainer.workers.policy_workers import PolicyWorkers
 from grpo_trainer.workers.rollout_workers import PendingGeneration, RolloutWorkers
 
@@ -157,14 +156,18 @@ class Colocated:
         def continue_turns(going: list[Trajectory], turn_index: int, max_tokens: int) -> list[Generation]:
             per = [[run for run in going if run.group == r] for r in range(len(round_.chunks))]
             params = [
-                dataclasses.replace(
-                    p, n=1, max_tokens=max_tokens, seed=None if p.seed is None else p.seed + turn_index * len(runs)
-                )
+                next_turn_params(p, turn_index=turn_index, responses=len(runs), max_tokens=max_tokens)
                 for p in round_.params
             ]
             pixels = [[run.vision for run in mine] for mine in per] if vision else None
-            sampled = self.engines.generate([[run.prompt + run.ids for run in mine] for mine in per], params, vision=pixels)
-            turn = {id(run): gen for mine, out in zip(per, sampled, strict=True) for run, gen in zip(mine, out, strict=True)}
+            sampled = self.engines.generate(
+                [[run.prompt + run.ids for run in mine] for mine in per], params, vision=pixels
+            )
+            turn = {
+                id(run): gen
+                for mine, out in zip(per, sampled, strict=True)
+                for run, gen in zip(mine, out, strict=True)
+            }
             return [turn[id(run)] for run in going]
 
         finished = iter(self.tools.finish(runs, budget, continue_turns))

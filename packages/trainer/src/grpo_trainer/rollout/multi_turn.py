@@ -79,6 +79,15 @@ class Trajectory:
         )
 
 
+def next_turn_params(
+    params: SamplingParams, *, turn_index: int, responses: int, max_tokens: int
+) -> SamplingParams:
+    """A further turn's sampling: one sample a response, what is left of the budget, and a seed past
+    every earlier turn's (request i of a batch takes seed + i, so turns of `responses` never meet)."""
+    seed = None if params.seed is None else params.seed + turn_index * responses
+    return dataclasses.replace(params, n=1, seed=seed, max_tokens=max_tokens)
+
+
 ContinueTurns = Callable[[list["Trajectory"], int, int], list[Generation]]
 
 
@@ -214,8 +223,9 @@ class MultiTurnEngine:
         )
 
         def continue_turns(going: list[Trajectory], turn_index: int, max_tokens: int) -> list[Generation]:
-            seed = None if params.seed is None else params.seed + turn_index * len(runs)
-            again = dataclasses.replace(params, n=1, seed=seed, max_tokens=max_tokens)
+            again = next_turn_params(
+                params, turn_index=turn_index, responses=len(runs), max_tokens=max_tokens
+            )
             pixels = [run.vision for run in going] if vision is not None else None
             return self.inner.generate([run.prompt + run.ids for run in going], again, vision=pixels)
 
