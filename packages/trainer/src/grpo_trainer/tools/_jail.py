@@ -20,7 +20,9 @@ import traceback
 def _limit(limits: dict) -> dict[str, bool]:
     took = {"memory": False, "cpu": False, "network": False}
     memory = int(limits["memory_mb"]) * 1024 * 1024
-    cpu = limits["cpu_s"] or max(1, int(-(-float(limits["timeout_s"]) // 1)))
+    # Default: a backstop one second past the wall-clock timeout, so that a busy loop is always
+    # reported as the timeout it is (equal limits raced: SIGXCPU could land first).
+    cpu = limits["cpu_s"] or int(-(-float(limits["timeout_s"]) // 1)) + 1
     try:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         took["memory"] = True

@@ -23,7 +23,7 @@ Status = Literal["ok", "error", "timeout"]
 class Limits:
     timeout_s: float = 10.0
     memory_mb: int = 1024  # address space (RLIMIT_AS)
-    cpu_s: int | None = None  # RLIMIT_CPU; None: the timeout rounded up
+    cpu_s: int | None = None  # RLIMIT_CPU; None: the timeout rounded up, plus 1 s
     max_output_bytes: int = 16384
     network: bool = False
 
