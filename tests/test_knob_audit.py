@@ -244,6 +244,10 @@ READ: dict[str, tuple[str, ...]] = {
     "rollout.top_k": (SAMPLING,),
     "rollout.max_tokens": (SAMPLING, LOSS),
     "rollout.multi_turn.enable": (MULTI_TURN_TRAIN, f"{MULTI_TURN_CONFIG}"),
+    "rollout.multi_turn.tool_config_path": (
+        f"{TRAINER}/tools/test_verl_yaml.py::test_retool_s_yaml_runs_its_code_tool_with_its_own_limits",
+        f"{TRAINER}/tools/test_verl_yaml.py::test_an_unreadable_file_or_a_clash_of_names_is_refused",
+    ),
     **{
         f"rollout.multi_turn.{name}": (MULTI_TURN_CONFIG, test)
         for name, test in (

@@ -2,14 +2,12 @@
 torch backend; the driver runs the calculator for every replica and each replica samples its own
 responses' further turns; the trainer trains on the sampled ids only.
 
-The tiny model is primed to write calculator calls: its output layer leans towards the call's two
-tokens and the end of turn (`prime`), because a random model writes a whole call too rarely for a
-two-step test. Learning to call is the tiny-tool preset's to show."""
+The tiny model is primed to write calculator calls (`grpo_tiny.model.prime_tool_calls`). The same
+step on vLLM with the Megatron actor: tests/test_vllm_replicas.py."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -22,32 +20,12 @@ from grpo_trainer import read_metrics, train
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def prime(model_dir: Path, strength: float = 3.0) -> None:
-    """Add `strength` times the mean direction of the model's last hidden states to the output rows
-    of CALL_OPEN, CALL_CLOSE and the end of turn: each becomes likely at every position."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    texts = [f"repeat {d}" for d in tiny_task.DIGITS]
-    with torch.no_grad():
-        hidden = model.model(**tokenizer(texts, return_tensors="pt", padding=True)).last_hidden_state
-        direction = hidden.mean(dim=(0, 1))
-        rows = [
-            *tokenizer.convert_tokens_to_ids([tiny_model.CALL_OPEN, tiny_model.CALL_CLOSE]),
-            tokenizer.eos_token_id,
-        ]
-        model.lm_head.weight[rows] += strength * direction / direction.norm()
-    model.save_pretrained(model_dir)
-
-
 @pytest.fixture(scope="module")
 def tool_run(ray_cluster, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("multi_turn")
     preset = tiny_preset(workdir)
     model_dir = tiny_model.ensure_tiny_model(workdir / "tool_model", texts=tiny_task.corpus(), tools=True)
-    prime(model_dir)
+    tiny_model.prime_tool_calls(model_dir, prompts=[f"repeat {d}" for d in tiny_task.DIGITS])
     overrides = [
         f"actor.model_path={model_dir}",
         "total_training_steps=2",

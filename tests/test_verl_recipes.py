@@ -318,18 +318,28 @@ def test_verls_global_micro_batch_sizes_null_is_inert_and_a_size_below_one_devic
     assert conversion.settings["ref"] == {"log_prob_micro_batch_size_per_device": 2}
 
 
-def test_multi_turn_keys_map_and_verls_tool_classes_are_refused_with_the_reason() -> None:
+def test_multi_turn_keys_map_and_verls_interactions_are_refused_with_the_reason() -> None:
     conversion = convert([
         "actor_rollout_ref.rollout.multi_turn.enable=True",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5",
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
         "actor_rollout_ref.rollout.multi_turn.tool_config_path=/tools.yaml",
+        "actor_rollout_ref.rollout.multi_turn.function_tool_path=/tools.py",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path=/interaction.yaml",
         "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=strict",
         "data.train_batch_size=8",
     ])
-    assert conversion.settings["rollout"]["multi_turn"] == {"enable": True, "max_assistant_turns": 5, "format": "hermes"}
-    assert [line for line, _ in conversion.refused] == ["actor_rollout_ref.rollout.multi_turn.tool_config_path=/tools.yaml"]
-    assert "verl's Python tool classes" in conversion.refused[0][1]
+    assert conversion.settings["rollout"]["multi_turn"] == {
+        "enable": True,
+        "max_assistant_turns": 5,
+        "format": "hermes",
+        "tool_config_path": "/tools.yaml",  # read when the run starts (tests/tools/test_verl_yaml.py)
+        "function_tool_path": "/tools.py",
+    }
+    assert [line for line, _ in conversion.refused] == [
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path=/interaction.yaml"
+    ]
+    assert "verl's interactions" in conversion.refused[0][1]
     assert [line for line, _ in conversion.inert] == [
         "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=strict"
     ]

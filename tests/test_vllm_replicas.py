@@ -8,6 +8,8 @@ head dims vLLM's CPU kernels refuse), on the tiny preset's tokenizer and task.""
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 PROMPTS = ["the quick brown fox 3", "jumps over the lazy dog 9", "fox 12 jumps", "the lazy dog"]
 
 
-def _config(tmp_path: Path, *overrides: str):
+def _config(tmp_path: Path, *overrides: str, tokenizer_from: Path | None = None):
+    """The tiny preset on a dense tiny Qwen3 with the preset's tokenizer (or `tokenizer_from`'s)."""
     from transformers import AutoTokenizer
 
     import grpo_config
@@ -28,7 +31,7 @@ def _config(tmp_path: Path, *overrides: str):
     from grpo_tiny.hf_models import build_tiny_qwen3
 
     preset = tiny_preset(tmp_path)
-    tokenizer = AutoTokenizer.from_pretrained(preset["actor"]["model_path"])
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_from or preset["actor"]["model_path"])
     build_tiny_qwen3(tmp_path / "qwen3", seed=1, tokenizer=tokenizer)
     return grpo_config.load(
         preset,
@@ -172,3 +175,59 @@ def test_two_replicas_train_three_steps_with_the_policy_s_log_probs(tmp_path) ->
     assert [row["step"] for row in rows] == [1, 2, 3]
     diffs = [row["rollout/logprob_abs_diff"] for row in rows]
     assert max(diffs) < 1e-3, diffs
+
+
+@pytest.mark.megatron
+def test_a_multi_turn_step_on_vllm_trains_the_megatron_actor_on_the_sampled_ids(tmp_path) -> None:
+    """Multi-turn rollouts (issue 45) on the product's engine and backend: vLLM (one TP2 replica over
+    both ranks) answers the calculator calls' continuations the driver sends, the Megatron actor at
+    TP2 trains on the trajectories. Every step's engine log-probs equal the actor's recomputed ones
+    (float32) over the sampled tokens only: the mask and the positions of the tool messages agree
+    between the engine's token-in, token-out trajectories and the trained rows. The tiny Qwen3 is
+    primed to call (`grpo_tiny.model.prime_tool_calls`); the hf engine with the torch backend:
+    tests/test_multi_turn_train.py."""
+    import ray
+
+    from grpo_tiny import model as tiny_model
+    from grpo_tiny import task as tiny_task
+    from grpo_trainer import read_metrics
+    from grpo_trainer.trainer import train
+
+    tools = tiny_model.ensure_tiny_model(tmp_path / "tool_model", texts=tiny_task.corpus(), tools=True)
+    cfg = _config(
+        tmp_path,
+        *MEGATRON_TP2,
+        "rollout.tensor_parallel_size=2",
+        "total_training_steps=2",
+        "data.train_batch_size=8",
+        "data.max_prompt_length=24",
+        "data.max_response_length=128",
+        "actor.ppo_mini_batch_size=8",
+        "actor.lr=1e-6",  # the priming must hold for both steps
+        "rollout.multi_turn.enable=true",
+        "rollout.multi_turn.tools=[calculator]",
+        "rollout.multi_turn.max_assistant_turns=3",
+        "rollout.multi_turn.max_tool_response_length=8",
+        tokenizer_from=tools,
+    )
+    tiny_model.prime_tool_calls(Path(cfg.actor.model_path), prompts=[f"repeat {d}" for d in tiny_task.DIGITS])
+    if ray.is_initialized():
+        ray.shutdown()  # this run's Ray carries the workers' CPU stand-ins
+    result = train(
+        cfg,
+        ray_runtime_env={
+            "env_vars": {"PYTHONPATH": os.pathsep.join([str(HARNESS), os.environ.get("PYTHONPATH", "")])},
+            "worker_process_setup_hook": "cpu_ranks.apply_cpu_patches",
+        },
+    )
+    records = read_metrics(result.metrics_path)
+    assert sorted(records) == [1, 2]
+    for metrics in records.values():
+        assert metrics["rollout/logprob_abs_diff"] < 1e-3, metrics["rollout/logprob_abs_diff"]
+        assert math.isfinite(metrics["actor/grad_norm"])
+    # Some responses went on after a tool answer (the primed model calls in a few of its answers).
+    went_on = [m for m in records.values() if m["multi_turn/tool_tokens_mean"] > 0]
+    assert went_on, [m["multi_turn/call_rate"] for m in records.values()]
+    for metrics in went_on:
+        assert metrics["multi_turn/assistant_turns_mean"] > 1
+        assert 0 < metrics["multi_turn/sampled_tokens_mean"] < metrics["response_length/mean"]

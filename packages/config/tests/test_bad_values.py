@@ -207,10 +207,6 @@ CANNOT_HONOUR = [
         "rollout.multi_turn.max_parallel_calls=0 is out of range",
     ),
     (
-        ["actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml"],
-        "verl's tool YAML names verl's Python tool classes (BaseTool subclasses), which grpo does not run",
-    ),
-    (
         ["actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml"],
         "verl's interactions (a simulated user answering each turn) are not in grpo",
     ),

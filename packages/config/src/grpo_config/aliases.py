@@ -132,6 +132,8 @@ ALIASES: Mapping[str, str] = MappingProxyType(
                 "max_tool_response_length",
                 "tool_response_truncate_side",
                 "format",
+                "tool_config_path",
+                "function_tool_path",
             )
         },
         # verl passes these straight to vLLM's engine, as rollout.engine_kwargs does.
@@ -218,11 +220,6 @@ _NO_MULTI_TURN = (
     "function_tool_path; docs/MULTI_TURN.md); a project's agent loops, search servers and simulated users are "
     "not in grpo"
 )
-_NO_TOOL_CLASSES = (
-    "verl's tool YAML names verl's Python tool classes (BaseTool subclasses), which grpo does not run: give "
-    "grpo's built-in tools (rollout.multi_turn.tools: calculator, python) or plain functions in a Python file "
-    "(rollout.multi_turn.function_tool_path)"
-)
 _NO_ULYSSES = (
     "grpo's torch backend runs no Ulysses sequence parallelism (verl's default, 1); sequence parallelism "
     "is the Megatron backend's (parallel.cp, parallel.sequence_parallel)"
@@ -236,7 +233,6 @@ GLOBAL_MICRO_BATCH_KEYS = (f"{_A}.ppo_micro_batch_size", f"{_RO}.log_prob_micro_
 _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
     {
         "trainer.critic_warmup": ((0,), "GRPO has no critic, so there is no critic warm-up"),
-        f"{_MULTI_TURN}tool_config_path": ((None,), _NO_TOOL_CLASSES),
         f"{_MULTI_TURN}interaction_config_path": (
             (None,),
             "verl's interactions (a simulated user answering each turn) are not in grpo; its multi-turn "

@@ -246,6 +246,7 @@ class MultiTurnConfig:
     format: Literal["qwen3_xml", "hermes"] = "qwen3_xml"
     tools: list[str] = field(default_factory=lambda: ["calculator", "python"])  # built in (docs/TOOLS.md)
     function_tool_path: str | None = None  # a Python file: each public function is a tool too
+    tool_config_path: str | None = None  # verl's tool YAML: its code tools (docs/TOOLS.md)
     tool_timeout_s: float = 10.0  # wall clock per call
     tool_memory_mb: int = 1024  # address space per call
     tool_network: bool = False  # False: the call gets no network where the OS allows

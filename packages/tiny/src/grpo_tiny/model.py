@@ -159,6 +159,25 @@ def ensure_tiny_model(
     return model_dir
 
 
+def prime_tool_calls(model_dir: Path, *, prompts: list[str], strength: float = 3.0) -> None:
+    """Lean the saved causal LM at `model_dir` towards writing calculator calls: add `strength`
+    times the mean direction of its last hidden states over `prompts` to the output rows of
+    CALL_OPEN, CALL_CLOSE and the end of turn, so each becomes likely at every position. A random
+    tiny model writes a whole call too rarely for a short multi-turn test; learning to call is the
+    tiny-tool preset's to show."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        hidden = model.model(**tokenizer(prompts, return_tensors="pt", padding=True)).last_hidden_state
+        direction = hidden.mean(dim=(0, 1))
+        rows = [*tokenizer.convert_tokens_to_ids([CALL_OPEN, CALL_CLOSE]), tokenizer.eos_token_id]
+        model.lm_head.weight[rows] += strength * direction / direction.norm()
+    model.save_pretrained(model_dir)
+
+
 def save_vision_language_layout(
     text_dir: Path, out_dir: Path, *, language_weights: bool = True, seed: int = 1
 ) -> Path:

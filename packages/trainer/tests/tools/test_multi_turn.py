@@ -249,7 +249,7 @@ def test_the_config_section_sets_every_loop_setting_and_its_tools(tokenizer, tmp
             "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=99",
             "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=right",
             "rollout.multi_turn.tools=[calculator]",
-            f"rollout.multi_turn.function_tool_path={functions}",
+            f"actor_rollout_ref.rollout.multi_turn.function_tool_path={functions}",  # verl's key
             "rollout.multi_turn.tool_timeout_s=2.5",
             "rollout.multi_turn.tool_memory_mb=300",
             "rollout.multi_turn.tool_network=true",
@@ -272,7 +272,7 @@ def test_the_config_section_sets_every_loop_setting_and_its_tools(tokenizer, tmp
 
     clash = tmp_path / "clash.py"
     clash.write_text('def calculator(expression: str) -> str:\n    """Mine."""\n    return expression\n')
-    with pytest.raises(ToolDefinitionError, match="name of a built-in tool"):
+    with pytest.raises(ToolDefinitionError, match=r"defines calculator, a tool name rollout\.multi_turn\.tools has too"):
         tool_loop(
             dataclasses.replace(
                 cfg,

@@ -86,10 +86,10 @@ def multi_turn_problems(cfg: TrainerConfig) -> list[str]:
             "rollout.multi_turn.enable=true with data.apply_chat_template=false: the tools are listed to the model "
             "and their answers rendered by the chat template. Set data.apply_chat_template=true."
         )
-    if not turns.tools and not turns.function_tool_path:
+    if not turns.tools and not turns.function_tool_path and not turns.tool_config_path:
         problems.append(
-            "rollout.multi_turn.enable=true with no tools: set rollout.multi_turn.tools (calculator, python) or "
-            "rollout.multi_turn.function_tool_path."
+            "rollout.multi_turn.enable=true with no tools: set rollout.multi_turn.tools (calculator, python), "
+            "rollout.multi_turn.function_tool_path or rollout.multi_turn.tool_config_path."
         )
     return problems
 

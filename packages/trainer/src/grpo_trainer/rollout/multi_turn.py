@@ -25,6 +25,7 @@ from grpo_trainer.tools.registry import BUILTIN, Tool, call_tool, load_function_
 from grpo_trainer.tools.render import ToolTurnRenderer, truncate
 from grpo_trainer.tools.sandbox import Limits, ToolResult
 from grpo_trainer.tools.schema import ToolDefinitionError
+from grpo_trainer.tools.verl_yaml import load_verl_tools
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,18 +261,34 @@ def tool_loop(cfg: TrainerConfig, tokenizer: Any) -> ToolLoop | None:
 
 
 def tools_of(section: MultiTurnConfig) -> dict[str, Tool]:
-    """The tools a run offers, by name; a function file's tool of a built-in's name is refused."""
+    """The tools a run offers, by name: the built-ins named, a verl tool YAML's and a function
+    file's; two of one name are refused."""
     tools = {name: BUILTIN[name] for name in section.tools}
+    sources = [("rollout.multi_turn.tools", set(tools))]
+    loaded = []
+    if section.tool_config_path:
+        yaml_tools = load_verl_tools(section.tool_config_path, _limits(section))
+        loaded.append((f"tool_config_path {section.tool_config_path}", yaml_tools))
     if section.function_tool_path:
-        loaded = load_function_tools(section.function_tool_path)
-        clash = sorted(set(loaded) & set(tools))
-        if clash:
-            raise ToolDefinitionError(
-                f"function_tool_path {section.function_tool_path} defines {', '.join(clash)}, the name of a "
-                "built-in tool in rollout.multi_turn.tools: rename the function or drop the built-in"
-            )
-        tools.update(loaded)
+        file_tools = load_function_tools(section.function_tool_path)
+        loaded.append((f"function_tool_path {section.function_tool_path}", file_tools))
+    for where, found in loaded:
+        for earlier, names in sources:
+            clash = sorted(set(found) & names)
+            if clash:
+                raise ToolDefinitionError(
+                    f"{where} defines {', '.join(clash)}, a tool name {earlier} has too: each tool name must be "
+                    "unique; rename one (or drop the built-in)"
+                )
+        sources.append((where, set(found)))
+        tools.update(found)
     return tools
+
+
+def _limits(section: MultiTurnConfig) -> Limits:
+    return Limits(
+        timeout_s=section.tool_timeout_s, memory_mb=section.tool_memory_mb, network=section.tool_network
+    )
 
 
 def settings_of(section: MultiTurnConfig) -> MultiTurnSettings:
@@ -282,7 +299,5 @@ def settings_of(section: MultiTurnConfig) -> MultiTurnSettings:
         max_parallel_calls=section.max_parallel_calls,
         max_tool_response_length=section.max_tool_response_length,
         tool_response_truncate_side=section.tool_response_truncate_side,
-        limits=Limits(
-            timeout_s=section.tool_timeout_s, memory_mb=section.tool_memory_mb, network=section.tool_network
-        ),
+        limits=_limits(section),
     )

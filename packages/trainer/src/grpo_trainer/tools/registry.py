@@ -25,6 +25,7 @@ from grpo_trainer.tools.schema import ToolDefinitionError, coerce_arguments, fun
 class Tool:
     schema: dict[str, Any]
     request: Callable[[dict[str, Any]], dict[str, Any]]  # typed arguments -> the sandbox's request
+    limits: Limits | None = None  # this tool's own (a verl tool YAML's); None: the run's
 
     @property
     def name(self) -> str:
@@ -105,4 +106,4 @@ def call_tool(tools: Mapping[str, Tool], call: ToolCall, limits: Limits) -> Tool
         arguments = coerce_arguments(tool.schema, call.arguments)
     except ValueError as exc:
         return ToolResult("error", f"bad arguments for {call.name}: {exc}", 0.0)
-    return run(tool.request(arguments), limits)
+    return run(tool.request(arguments), tool.limits or limits)
