@@ -29,7 +29,10 @@ FULL_FILES = (
     "packages/trainer/tests/megatron/test_layouts.py",
     "packages/trainer/tests/vllm/test_vllm_inprocess_sync.py",
 )
-FULL_TESTS = ("tests/test_ckpt_export_qwen35.py::test_megatron_weights_synced_into_a_vllm_replica_give_the_hf_greedy_tokens",)
+FULL_TESTS = (
+    "tests/test_ckpt_export_qwen35.py::test_megatron_weights_synced_into_a_vllm_replica_give_the_hf_greedy_tokens",
+    "tests/test_multi_turn_train.py::test_one_step_off_rollout_workers_run_the_turns_and_a_resumed_run_goes_on",
+)
 FAST = (
     "tests/test_launch_tiny.py::test_tiny_preset_runs_to_completion[grpo-launch-35b]",  # the README's first command
     "tests/test_launch_tiny_vl.py::test_tiny_vl_preset_learns_and_exports_the_vision_tower",

@@ -238,6 +238,29 @@ def test_dotted_overrides_and_verl_aliases(launch_env, capsys) -> None:
     assert doc["config"]["data"]["train_batch_size"] == 256
 
 
+def test_the_gsm8k_calculator_example_plans_multi_turn_on_the_35b(launch_env, capsys) -> None:
+    """docs/MULTI_TURN.md's gsm8k + calculator example (after `prepare-data --dataset gsm8k_tool`)
+    on the 35B's GPU profile: taken whole, with Qwen3.5's call format."""
+    _, doc = dry_run(
+        "35b",
+        "gpu",
+        "data.train_files=[/data/gsm8k_tool/train.parquet]",
+        "data.val_files=[/data/gsm8k_tool/test.parquet]",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "rollout.multi_turn.tools=[calculator]",
+        "rollout.multi_turn.max_assistant_turns=5",
+        capsys=capsys,
+    )
+    turns = doc["config"]["rollout"]["multi_turn"]
+    assert (turns["enable"], turns["tools"], turns["format"], turns["max_assistant_turns"]) == (
+        True,
+        ["calculator"],
+        "qwen3_xml",
+        5,
+    )
+    assert doc["config"]["data"]["train_files"] == ["/data/gsm8k_tool/train.parquet"]
+
+
 def test_one_step_off_dry_run_shows_the_rollout_workers_and_their_memory(launch_env, capsys) -> None:
     _, doc = dry_run(
         "35b",

@@ -123,8 +123,10 @@ def test_written_rows_are_valid_trainer_rows_with_a_registered_reward(tmp_path: 
     solutions = {
         "geo3k": lambda truth: f"<think>angles sum to 180</think> \\boxed{{{truth}}}",
         "gsm8k": lambda truth: f"3 and 2 make it.\n#### {truth}",
+        "gsm8k_tool": lambda truth: f"The calculator said so.\n#### {truth}",
     }
-    sources = {"geo3k": geo3k_dir(tmp_path), "gsm8k": gsm8k_dir(tmp_path)}
+    gsm8k = gsm8k_dir(tmp_path)
+    sources = {"geo3k": geo3k_dir(tmp_path), "gsm8k": gsm8k, "gsm8k_tool": gsm8k}
     for dataset, source in sources.items():
         written = prepare_dataset(dataset, output_dir=tmp_path / dataset, source=str(source))
         report = DataReport()
@@ -136,6 +138,11 @@ def test_written_rows_are_valid_trainer_rows_with_a_registered_reward(tmp_path: 
             truth = row["reward_model"]["ground_truth"]
             assert score(solutions[dataset](truth), truth, row["extra_info"]) == pytest.approx(1.0)
             assert score(solutions[dataset]("999"), truth, row["extra_info"]) < 1.0
+        # gsm8k_tool: gsm8k's rows and reward, a system turn that asks for the calculator first
+        roles = {row["prompt"][0]["role"] for row in rows}
+        assert roles == ({"system"} if dataset == "gsm8k_tool" else {"user"})
+        if dataset == "gsm8k_tool":
+            assert "`calculator` tool" in rows[0]["prompt"][0]["content"]
 
 
 @pytest.mark.parametrize(

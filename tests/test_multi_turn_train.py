@@ -8,6 +8,7 @@ step on vLLM with the Megatron actor: tests/test_vllm_replicas.py."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -20,28 +21,35 @@ from grpo_trainer import read_metrics, train
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
+TOOL_OVERRIDES = [
+    "test_freq=-1",
+    "data.train_batch_size=8",
+    "data.max_prompt_length=24",
+    "data.max_response_length=128",
+    "actor.ppo_mini_batch_size=8",
+    "actor.lr=1e-6",  # the priming must hold for both steps
+    "rollout.multi_turn.enable=true",
+    "rollout.multi_turn.tools=[calculator]",
+    "rollout.multi_turn.max_assistant_turns=3",
+    "rollout.multi_turn.max_tool_response_length=8",
+    "rollout.multi_turn.tool_timeout_s=5",
+]
+
+
+def tool_config(workdir: Path, *overrides: str) -> grpo_config.TrainerConfig:
+    """The tiny preset on a model primed to call the calculator, multi-turn on, short responses."""
+    model_dir = workdir / "tool_model"
+    if not model_dir.exists():
+        tiny_model.ensure_tiny_model(model_dir, texts=tiny_task.corpus(), tools=True)
+        tiny_model.prime_tool_calls(model_dir, prompts=[f"repeat {d}" for d in tiny_task.DIGITS])
+    return grpo_config.load(
+        tiny_preset(workdir), [f"actor.model_path={model_dir}", *TOOL_OVERRIDES, *overrides]
+    )
+
+
 @pytest.fixture(scope="module")
 def tool_run(ray_cluster, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("multi_turn")
-    preset = tiny_preset(workdir)
-    model_dir = tiny_model.ensure_tiny_model(workdir / "tool_model", texts=tiny_task.corpus(), tools=True)
-    tiny_model.prime_tool_calls(model_dir, prompts=[f"repeat {d}" for d in tiny_task.DIGITS])
-    overrides = [
-        f"actor.model_path={model_dir}",
-        "total_training_steps=2",
-        "test_freq=-1",
-        "data.train_batch_size=8",
-        "data.max_prompt_length=24",
-        "data.max_response_length=128",
-        "actor.ppo_mini_batch_size=8",
-        "actor.lr=1e-6",  # the priming must hold for both steps
-        "rollout.multi_turn.enable=true",
-        "rollout.multi_turn.tools=[calculator]",
-        "rollout.multi_turn.max_assistant_turns=3",
-        "rollout.multi_turn.max_tool_response_length=8",
-        "rollout.multi_turn.tool_timeout_s=5",
-    ]
-    result = train(grpo_config.load(preset, overrides))
+    result = train(tool_config(tmp_path_factory.mktemp("multi_turn"), "total_training_steps=2"))
     return result, read_metrics(result.metrics_path)
 
 
@@ -60,3 +68,28 @@ def test_a_step_calls_tools_and_trains_on_the_sampled_ids_only(tool_run) -> None
         assert 0 < sampled < whole
         assert math.isclose(whole - sampled, metrics["multi_turn/tool_tokens_mean"], rel_tol=1e-6)
         assert math.isfinite(metrics["actor/grad_norm"]) and math.isfinite(metrics["reward/mean"])
+
+
+def test_one_step_off_rollout_workers_run_the_turns_and_a_resumed_run_goes_on(ray_cluster, tmp_path) -> None:
+    """rollout.mode=one_step_off: the rollout worker's engine runs the turns itself
+    (`MultiTurnEngine`), one update behind; then a checkpoint of multi-turn steps is resumed. Where
+    the engine samples with the policy's weights (the first step, and the first resumed one, whose
+    weights the checkpoint sends) its log-probs equal the policy's over the sampled tokens, so the
+    worker's trajectories carry the tool messages where the trained rows have them."""
+    one_step_off = [
+        "device.devices_per_node=1",
+        "rollout.mode=one_step_off",
+        "rollout.devices_per_node=1",
+        "algorithm.rollout_correction.rollout_is=token",
+        "checkpoint.save_freq=2",
+    ]
+    first = train(tool_config(tmp_path, *one_step_off, "total_training_steps=2"))
+    resumed = train(tool_config(tmp_path, *one_step_off, "total_training_steps=3"))
+    assert (first.final_step, resumed.final_step) == (2, 3)
+    assert resumed.resumed_from is not None and resumed.resumed_from.name == "global_step_2"
+    records = read_metrics(resumed.metrics_path)
+    assert [records[s]["rollout/staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 0.0]
+    assert records[1]["rollout/logprob_abs_diff"] < 1e-5 and records[3]["rollout/logprob_abs_diff"] < 1e-5
+    went_on = [s for s in (1, 2, 3) if records[s]["multi_turn/tool_tokens_mean"] > 0]
+    assert went_on, [records[s]["multi_turn/call_rate"] for s in (1, 2, 3)]
+    assert all(records[s]["multi_turn/assistant_turns_mean"] > 1 for s in went_on)

@@ -7,6 +7,7 @@ question and answer); image datasets also carry `images`.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,13 @@ GEO3K_INSTRUCTION = (
     "then write only the final answer inside \\boxed{}."
 )
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+# gsm8k with the calculator (`--dataset gsm8k_tool`): verl's gsm8k_multiturn_w_tool rows, the
+# system turn naming grpo's built-in calculator instead of verl's calc_gsm8k_reward tool.
+GSM8K_TOOL_SYSTEM = (
+    "You are a math expert. Solve the question step by step. For any arithmetic, call the `calculator` "
+    "tool with the expression and use its answer; you may call it several times. Put your final answer "
+    "in the format of `#### <answer>`."
+)
 
 _GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 
@@ -71,6 +79,14 @@ def gsm8k_row(example: Mapping[str, Any], index: int, split: str) -> dict[str, A
     }
 
 
+def gsm8k_tool_row(example: Mapping[str, Any], index: int, split: str) -> dict[str, Any]:
+    """A gsm8k row whose system turn asks for the calculator (rollout.multi_turn.tools=[calculator]);
+    scored as gsm8k (the same data_source)."""
+    row = gsm8k_row(example, index, split)
+    row["prompt"] = [{"role": "system", "content": GSM8K_TOOL_SYSTEM}, *row["prompt"]]
+    return row
+
+
 GEO3K = DatasetRecipe(
     name="geo3k",
     hub_id="hiyouga/geometry3k",
@@ -87,4 +103,5 @@ GSM8K = DatasetRecipe(
     splits={"train": ("train",), "test": ("test", "validation")},
     to_row=gsm8k_row,
 )
-RECIPES: Mapping[str, DatasetRecipe] = {r.name: r for r in (GEO3K, GSM8K)}
+GSM8K_TOOL = dataclasses.replace(GSM8K, name="gsm8k_tool", to_row=gsm8k_tool_row)
+RECIPES: Mapping[str, DatasetRecipe] = {r.name: r for r in (GEO3K, GSM8K, GSM8K_TOOL)}

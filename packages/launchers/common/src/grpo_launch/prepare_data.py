@@ -1,4 +1,5 @@
-"""`prepare-data`: build verl-format parquet (`train.parquet`, `test.parquet`) for geo3k or gsm8k.
+"""`prepare-data`: build verl-format parquet (`train.parquet`, `test.parquet`) for geo3k, gsm8k or
+gsm8k_tool (gsm8k whose system turn asks for the calculator tool: docs/MULTI_TURN.md).
 
 Sources, in the order they are tried:
 - a `datasets.save_to_disk` directory (a DatasetDict with train/test or validation splits);
@@ -126,7 +127,7 @@ def _write_split(ds: Any, *, recipe: DatasetRecipe, split: str, output_dir: Path
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="prepare-data", description="Build verl-format train/test parquet for geo3k or gsm8k."
+        prog="prepare-data", description="Build verl-format train/test parquet for geo3k, gsm8k or gsm8k_tool."
     )
     parser.add_argument("--dataset", required=True, choices=sorted(RECIPES))
     parser.add_argument(
