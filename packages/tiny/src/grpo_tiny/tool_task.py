@@ -38,7 +38,7 @@ def score(solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | 
     final = solution_str.rsplit("</tool_response>", 1)[-1].removeprefix("\nassistant\n")
     chars = [c for c in final if not c.isspace()]
     share = sum(c == ground_truth for c in chars) / len(chars) if chars else 0.0
-    return 0.1 * opened + 0.2 * (closed and bool(answers)) + 0.2 * (ground_truth in answers) + 0.5 * share
+    return 0.1 * opened + 0.1 * closed + 0.1 * bool(answers) + 0.2 * (ground_truth in answers) + 0.5 * share
 
 
 def make_rows(*, count: int, seed: int, split: str) -> list[dict[str, Any]]:
