@@ -116,8 +116,17 @@ def test_verl_s_sandbox_fusion_tool_without_a_schema_is_its_code_interpreter(tmp
             "{code: {type: string}, language: {type: string}}}}}",
             "parameters ['code', 'language']",
         ),
+        (
+            "class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n    config: {type: native}\n"
+            "    tool_schema: code_interpreter",
+            "tool_schema needs type: function and function.name",
+        ),
+        (
+            "class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n    config: [native]",
+            "config must be a mapping",
+        ),
     ],
-    ids=["other-class", "type", "language", "config-key", "schema"],
+    ids=["other-class", "type", "language", "config-key", "schema", "schema-not-a-mapping", "config-a-list"],
 )
 def test_an_entry_grpo_cannot_run_as_written_is_refused_by_file_and_index(tmp_path, entry, message) -> None:
     path = write(tmp_path, f"tools:\n  - {entry}\n")

@@ -89,6 +89,8 @@ def _entry_tool(entry: Any, limits: Limits, where: str) -> Tool:
             f"YAML it runs {' and '.join(KNOWN)}, in its own sandbox). Write the tool as a plain Python "
             "function and give its file as rollout.multi_turn.function_tool_path (docs/TOOLS.md)."
         )
+    if not isinstance(entry.get("config") or {}, dict):
+        raise ToolDefinitionError(f"{where}: config must be a mapping (type: native, ...)")
     config = dict(entry.get("config") or {})
     if config.pop("type", None) != "native":
         raise ToolDefinitionError(f"{where}: config.type must be native (verl's only tool type)")
@@ -116,10 +118,12 @@ def _entry_tool(entry: Any, limits: Limits, where: str) -> Tool:
 def _check_code_schema(schema: Any, where: str) -> None:
     """A code tool's schema: a function whose one argument is `code`, a string."""
     function = schema.get("function") if isinstance(schema, dict) else None
-    if schema.get("type") != "function" or not isinstance(function, dict) or not function.get("name"):
+    if not isinstance(function, dict) or schema.get("type") != "function" or not function.get("name"):
         raise ToolDefinitionError(f"{where}: tool_schema needs type: function and function.name")
-    properties = (function.get("parameters") or {}).get("properties") or {}
-    if set(properties) != {"code"} or properties["code"].get("type") != "string":
+    parameters = function.get("parameters") or {}
+    properties = (parameters.get("properties") if isinstance(parameters, dict) else None) or {}
+    code = properties.get("code") if isinstance(properties, dict) else None
+    if set(properties) != {"code"} or not isinstance(code, dict) or code.get("type") != "string":
         raise ToolDefinitionError(
             f"{where}: tool_schema of {function['name']} has parameters {sorted(properties)}; grpo's code tool "
             "takes one, `code` (a string)"
