@@ -190,6 +190,20 @@ def test_ctrl_c_exits_130_saying_how_to_resume(tmp_path: Path) -> None:
     assert CheckpointManager(out / "checkpoints").latest_complete() is not None
 
 
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
 @pytest.mark.parametrize("phase", ["log_probs", "update", "save_checkpoint"])
 def test_a_worker_killed_in_a_phase_is_named_with_its_rank_and_phase(phase: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -198,8 +212,9 @@ def test_a_worker_killed_in_a_phase_is_named_with_its_rank_and_phase(phase: str,
     deadline = time.monotonic() + 300
     while victim is None:
         assert proc.poll() is None and time.monotonic() < deadline, "the phase never ran"
-        for candidate in psutil.process_iter(["cmdline"]):
-            if " ".join(candidate.info["cmdline"] or []).startswith(f"ray::PolicyWorker.{phase}"):
+        # this launch's own workers only: another Ray job on the machine is none of this test's
+        for candidate in _descendants(proc.pid):
+            if " ".join(_cmdline(candidate)).startswith(f"ray::PolicyWorker.{phase}"):
                 victim = candidate
                 break
     victim.kill()
