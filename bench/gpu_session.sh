@@ -4,6 +4,9 @@
 #   tests[=EXPR]     the Megatron GPU tests and the torch backend's offload test (pytest -k EXPR when given)
 #   train[=ARGS]     bench/megatron_gpu_train.py (train() megatron vs torch; ARGS comma-separated)
 #   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable; one process per spec)
+#   oldmfu=SPEC      the same from an older commit's tree in .old/ (its own bench and packages), for a
+#                    profile of that commit beside HEAD's in one call: bash bench/gpu_old_tree.sh COMMIT
+#                    here, then carry [".old"] (needs the wheel folders as mfu does)
 #   smoke[=RUNS]     the production path on the tiny presets, text (offload) and VL, 5 steps each: one
 #                    SMOKE PASS/FAIL line per run with its per-phase seconds; run it first on a new machine.
 #                    RUNS (offload or vl) runs one of them: on a fresh machine the first engine start
@@ -90,6 +93,14 @@ for part in "$@"; do
         | grep -v "Loading weights\|Writing model\|Successfully reset prefix cache" > "$OUT/rollout_decode.log" || status=1
       grep '^RESULT' "$OUT/rollout_decode.log"; grep '^\[' "$OUT/rollout_decode.log" | tail -n 12; tail -n 8 "$OUT/rollout_decode.log" ;;
     mfu=*) specs+=(--mfu "${part#mfu=}") ;;
+    oldmfu=*)
+      [ -f .old/bench/megatron_gpu_run.py ] || { echo "oldmfu: no .old tree (bash bench/gpu_old_tree.sh COMMIT, carry .old)"; exit 2; }
+      old=$root/.old/packages
+      n=$(ls -d "$OUT"/oldmfu_* 2>/dev/null | wc -l)
+      PYTHONPATH=/tmp/site:/tmp/site_fla:$old/launchers/common/src:$old/tiny/src:$old/trainer/src:$old/config/src:$old/device/src:$old/ckpt/src:$old/trainer/tests/megatron \
+        timeout 540 python3 .old/bench/megatron_gpu_run.py --out "$OUT/oldmfu_$n" --phases mfu --profile --mfu "${part#oldmfu=}" 2>&1 \
+        | grep -v "Loading weights\|Writing model" >> "$OUT/oldmfu.log" || status=1
+      echo "oldmfu ($(cat .old/COMMIT)): $(grep '^{"family"' "$OUT/oldmfu.log" | tail -n 1)" ;;
     *) echo "unknown part: $part"; exit 2 ;;
   esac
 done

@@ -28,6 +28,18 @@ import torch
 H200_BF16_DENSE_PEAK = 989e12
 RESULTS: dict[str, Any] = {}
 PROFILE = False
+CPU_OPTIMIZER = {
+    "optimizer_offload": True,
+    "optimizer_offload_fraction": 1.0,
+    "override_optimizer_config": {
+        "overlap_cpu_optimizer_d2h_h2d": True,
+        "use_precision_aware_optimizer": True,
+        "optimizer_cpu_offload": True,
+    },
+}
+# CUDA runtime calls counted in a profiled update: kernel launches, and what blocks the host.
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense")
 
 
 def megatron_cfg(
@@ -41,6 +53,7 @@ def megatron_cfg(
     fused_permutation: bool = False,
     fused_rope: bool = False,
     attention: str = "auto",
+    cpu_optimizer: bool = False,
 ) -> Any:
     from grpo_config.schema import ActorConfig, DataConfig, MegatronConfig, TrainerConfig
 
@@ -57,6 +70,8 @@ def megatron_cfg(
         # rule: FLA 0.6's backward refuses Triton < 3.7.1 on Hopper (wrong gradients), and the GPU
         # machine has Triton 3.6.0.
         override_transformer_config={"deterministic_mode": True} if torch_gdn else {},
+        # +cpuopt: the 35B GPU profile's optimizer (Adam on the CPU, its transfers overlapped).
+        **(CPU_OPTIMIZER if cpu_optimizer else {}),
     )
     actor = ActorConfig(
         model_path=model_path,
@@ -354,11 +369,23 @@ def profile_update(backend: Any, batch: Any, top: int = 40) -> dict[str, Any]:
     def frames(event: Any) -> list[str]:
         return [f for f in (event.stack or []) if "torch/" not in f][:3]
 
+    by_key = {e.key: e for e in averages if e.device_type == DeviceType.CPU}
+
+    def host(names: tuple[str, ...]) -> dict[str, Any]:
+        found = [by_key[n] for n in names if n in by_key]
+        return {
+            "calls": sum(e.count for e in found),
+            "host_ms": round(sum(e.self_cpu_time_total for e in found) / 1e3, 2),
+            "by_name": {e.key: e.count for e in found},
+        }
+
     return {
         "wall_ms_profiled": wall_ms,
         "kernel_ms": kernel_ms,
         "gpu_busy_share": kernel_ms / wall_ms,
         "annotation_ms_not_counted": annotations_ms,
+        "launches": host(LAUNCH_CALLS),
+        "syncs": host(SYNC_CALLS),
         "kernels": [
             {"name": e.key[:110], "ms": round(e.self_device_time_total / 1e3, 2), "calls": e.count}
             for e in kernels[:top]
@@ -399,6 +426,7 @@ def phase_mfu(spec: str) -> None:
         fused_permutation="perm" in options,
         fused_rope="rope" in options,
         attention="unfused" if "unfused" in options else "auto",
+        cpu_optimizer="cpuopt" in options,
     )
     backend = Actor.for_config(cfg, MegatronBackend.for_config(cfg, model_path=str(model_path)))
     ids = torch.randint(3, config.vocab_size, (batch, seq))
