@@ -24,3 +24,21 @@ def ray_cluster():
     yield
     if started:
         shutdown_ray()  # and its reaper
+
+
+@pytest.fixture(scope="session")
+def short_calculator_turns() -> list[str]:
+    """Overrides of the multi-turn end-to-end tests: the calculator on a tiny model primed to call it
+    (`grpo_tiny.model.prime_tool_calls`), short prompts and responses, two steps' worth of data, and a
+    learning rate small enough that the priming holds for both steps."""
+    return [
+        "data.train_batch_size=8",
+        "data.max_prompt_length=24",
+        "data.max_response_length=128",
+        "actor.ppo_mini_batch_size=8",
+        "actor.lr=1e-6",
+        "rollout.multi_turn.enable=true",
+        "rollout.multi_turn.tools=[calculator]",
+        "rollout.multi_turn.max_assistant_turns=3",
+        "rollout.multi_turn.max_tool_response_length=8",
+    ]

@@ -21,35 +21,22 @@ from grpo_trainer import read_metrics, train
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-TOOL_OVERRIDES = [
-    "test_freq=-1",
-    "data.train_batch_size=8",
-    "data.max_prompt_length=24",
-    "data.max_response_length=128",
-    "actor.ppo_mini_batch_size=8",
-    "actor.lr=1e-6",  # the priming must hold for both steps
-    "rollout.multi_turn.enable=true",
-    "rollout.multi_turn.tools=[calculator]",
-    "rollout.multi_turn.max_assistant_turns=3",
-    "rollout.multi_turn.max_tool_response_length=8",
-    "rollout.multi_turn.tool_timeout_s=5",
-]
-
-
-def tool_config(workdir: Path, *overrides: str) -> grpo_config.TrainerConfig:
-    """The tiny preset on a model primed to call the calculator, multi-turn on, short responses."""
+def tool_config(workdir: Path, turns: list[str], *overrides: str) -> grpo_config.TrainerConfig:
+    """The tiny preset on a model primed to call the calculator, multi-turn on (`turns`: the
+    `short_calculator_turns` fixture), no validation."""
     model_dir = workdir / "tool_model"
     if not model_dir.exists():
         tiny_model.ensure_tiny_model(model_dir, texts=tiny_task.corpus(), tools=True)
-        tiny_model.prime_tool_calls(model_dir, prompts=[f"repeat {d}" for d in tiny_task.DIGITS])
+        tiny_model.prime_tool_calls(model_dir)
     return grpo_config.load(
-        tiny_preset(workdir), [f"actor.model_path={model_dir}", *TOOL_OVERRIDES, *overrides]
+        tiny_preset(workdir),
+        [f"actor.model_path={model_dir}", "test_freq=-1", "rollout.multi_turn.tool_timeout_s=5", *turns, *overrides],
     )
 
 
 @pytest.fixture(scope="module")
-def tool_run(ray_cluster, tmp_path_factory):
-    result = train(tool_config(tmp_path_factory.mktemp("multi_turn"), "total_training_steps=2"))
+def tool_run(ray_cluster, tmp_path_factory, short_calculator_turns):
+    result = train(tool_config(tmp_path_factory.mktemp("multi_turn"), short_calculator_turns, "total_training_steps=2"))
     return result, read_metrics(result.metrics_path)
 
 
@@ -70,7 +57,9 @@ def test_a_step_calls_tools_and_trains_on_the_sampled_ids_only(tool_run) -> None
         assert math.isfinite(metrics["actor/grad_norm"]) and math.isfinite(metrics["reward/mean"])
 
 
-def test_one_step_off_rollout_workers_run_the_turns_and_a_resumed_run_goes_on(ray_cluster, tmp_path) -> None:
+def test_one_step_off_rollout_workers_run_the_turns_and_a_resumed_run_goes_on(
+    ray_cluster, tmp_path, short_calculator_turns
+) -> None:
     """rollout.mode=one_step_off: the rollout worker's engine runs the turns itself
     (`MultiTurnEngine`), one update behind; then a checkpoint of multi-turn steps is resumed. Where
     the engine samples with the policy's weights (the first step, and the first resumed one, whose
@@ -83,8 +72,8 @@ def test_one_step_off_rollout_workers_run_the_turns_and_a_resumed_run_goes_on(ra
         "algorithm.rollout_correction.rollout_is=token",
         "checkpoint.save_freq=2",
     ]
-    first = train(tool_config(tmp_path, *one_step_off, "total_training_steps=2"))
-    resumed = train(tool_config(tmp_path, *one_step_off, "total_training_steps=3"))
+    first = train(tool_config(tmp_path, short_calculator_turns, *one_step_off, "total_training_steps=2"))
+    resumed = train(tool_config(tmp_path, short_calculator_turns, *one_step_off, "total_training_steps=3"))
     assert (first.final_step, resumed.final_step) == (2, 3)
     assert resumed.resumed_from is not None and resumed.resumed_from.name == "global_step_2"
     records = read_metrics(resumed.metrics_path)

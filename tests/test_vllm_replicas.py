@@ -178,7 +178,9 @@ def test_two_replicas_train_three_steps_with_the_policy_s_log_probs(tmp_path) ->
 
 
 @pytest.mark.megatron
-def test_a_multi_turn_step_on_vllm_trains_the_megatron_actor_on_the_sampled_ids(tmp_path) -> None:
+def test_a_multi_turn_step_on_vllm_trains_the_megatron_actor_on_the_sampled_ids(
+    tmp_path, short_calculator_turns
+) -> None:
     """Multi-turn rollouts (issue 45) on the product's engine and backend: vLLM (one TP2 replica over
     both ranks) answers the calculator calls' continuations the driver sends, the Megatron actor at
     TP2 trains on the trajectories. Every step's engine log-probs equal the actor's recomputed ones
@@ -199,18 +201,10 @@ def test_a_multi_turn_step_on_vllm_trains_the_megatron_actor_on_the_sampled_ids(
         *MEGATRON_TP2,
         "rollout.tensor_parallel_size=2",
         "total_training_steps=2",
-        "data.train_batch_size=8",
-        "data.max_prompt_length=24",
-        "data.max_response_length=128",
-        "actor.ppo_mini_batch_size=8",
-        "actor.lr=1e-6",  # the priming must hold for both steps
-        "rollout.multi_turn.enable=true",
-        "rollout.multi_turn.tools=[calculator]",
-        "rollout.multi_turn.max_assistant_turns=3",
-        "rollout.multi_turn.max_tool_response_length=8",
+        *short_calculator_turns,
         tokenizer_from=tools,
     )
-    tiny_model.prime_tool_calls(Path(cfg.actor.model_path), prompts=[f"repeat {d}" for d in tiny_task.DIGITS])
+    tiny_model.prime_tool_calls(Path(cfg.actor.model_path))
     if ray.is_initialized():
         ray.shutdown()  # this run's Ray carries the workers' CPU stand-ins
     result = train(

@@ -159,15 +159,20 @@ def ensure_tiny_model(
     return model_dir
 
 
-def prime_tool_calls(model_dir: Path, *, prompts: list[str], strength: float = 3.0) -> None:
+def prime_tool_calls(model_dir: Path, *, prompts: list[str] | None = None, strength: float = 3.0) -> None:
     """Lean the saved causal LM at `model_dir` towards writing calculator calls: add `strength`
-    times the mean direction of its last hidden states over `prompts` to the output rows of
+    times the mean direction of its last hidden states over `prompts` (default: the tiny task's
+    `repeat d` prompts) to the output rows of
     CALL_OPEN, CALL_CLOSE and the end of turn, so each becomes likely at every position. A random
     tiny model writes a whole call too rarely for a short multi-turn test; learning to call is the
     tiny-tool preset's to show."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpo_tiny import task
+
+    if prompts is None:
+        prompts = [f"repeat {d}" for d in task.DIGITS]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
