@@ -23,8 +23,8 @@ from grpo_config.verl_script import ScriptError, read_trainer_call
 
 CORPUS = Path(__file__).parent / "data" / "verl_corpus"
 REFUSED_DOC = Path(__file__).resolve().parents[1] / "docs" / "VERL_REFUSED.md"
-# Mapped or inert, of all judged lines over the corpus: measured 2026-12-07 (0.881, 211 scripts); goal 0.95.
-MAPPED_OR_INERT_AT_LEAST = 0.881
+# Mapped or inert, of all judged lines over the corpus: measured 2026-12-07 (0.887, 211 scripts); goal 0.95.
+MAPPED_OR_INERT_AT_LEAST = 0.887
 _MEGATRON = re.compile(r"actor_rollout_ref\.actor\.megatron\.|--config-name[= ]['\"]?\w*megatron|strategy=megatron|model_engine=megatron")
 
 

@@ -310,6 +310,10 @@ def test_verl_sections_grpo_has_not_are_refused_with_their_reason(override: str,
         ("trainer.val_only=True", "only validates is not in grpo"),
         ("actor_rollout_ref.rollout.ignore_eos=True", "stop a response at the end-of-sequence token"),
         ("actor_rollout_ref.rollout.load_format=dummy", "only 'auto' or 'safetensors' is accepted"),
+        ("data.train_data_num=1000", "reads every row of data.train_files"),
+        ("data.val_data_num=64", "reads every row of data.train_files / data.val_files"),
+        ("actor_rollout_ref.model.override_config.attention_dropout=0.1", "only 0.0 or 0 is accepted"),
+        ("actor_rollout_ref.model.override_config.resid_pdrop=0.1", "have no dropout"),
     ],
 )
 def test_verl_keys_that_restate_grpo_are_dropped_and_others_refused(override: str, refused_because: str) -> None:
@@ -328,6 +332,10 @@ def test_verl_keys_that_restate_grpo_are_dropped_and_others_refused(override: st
         "trainer.val_only": "false",
         "actor_rollout_ref.rollout.ignore_eos": "False",
         "actor_rollout_ref.rollout.load_format": "safetensors",
+        "data.train_data_num": "null",
+        "data.val_data_num": "null",
+        "actor_rollout_ref.model.override_config.attention_dropout": "0.",
+        "actor_rollout_ref.model.override_config.resid_pdrop": "0",
     }[key]
     with capture_logs() as logs:
         assert load(None, [f"{key}={accepted}"]) == load(None, [])
@@ -345,6 +353,8 @@ def test_verl_keys_that_change_only_speed_are_dropped_whatever_their_value() -> 
                 "ray_kwargs.ray_init.runtime_env.py_executable=uv -v run --frozen --extra vllm",
                 "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
                 "trainer.use_legacy_worker_impl=disable",
+                "algorithm.gamma=0.99",  # read by verl's gae and reinforce_plus_plus only
+                "algorithm.lam=0.95",
             ],
         )
     assert cfg == load(None, [])
@@ -353,7 +363,14 @@ def test_verl_keys_that_change_only_speed_are_dropped_whatever_their_value() -> 
         "ray_kwargs.ray_init.runtime_env.py_executable",
         "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
         "trainer.use_legacy_worker_impl",
+        "algorithm.gamma",
+        "algorithm.lam",
     }
+
+
+def test_verls_former_shuffle_key_sets_data_shuffle() -> None:
+    assert load(None, ["data.shuffle_train_dataloader=False"]).data.shuffle is False
+    assert load(None, ["data.shuffle_train_dataloader=True"]).data.shuffle is True
 
 
 def test_verls_fsdp_offload_keys_set_the_torch_backends_offload() -> None:

@@ -56,7 +56,7 @@ def test_unknown_verl_key_suggests_nearest_alias() -> None:
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpus", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
         ("trainer.total_epoch", "trainer.total_epochs"),
         ("trainer.rollout_data_dir", None),
-        ("algorithm.gamma", None),  # once: 'algorithm', the section it is in
+        ("algorithm.no_think_rl", None),  # not 'algorithm', the section it is in
         ("actor_rollout_ref.rollout.n_agent", None),  # once: 'actor_rollout_ref.rollout.name'
     ],
 )

@@ -41,6 +41,7 @@ _RO = "actor_rollout_ref.rollout"
 ALIASES: Mapping[str, str] = MappingProxyType(
     {
         "actor_rollout_ref.model.path": "actor.model_path",
+        "data.shuffle_train_dataloader": "data.shuffle",  # verl's name before data.shuffle (Search-R1's scripts)
         "actor_rollout_ref.model.use_remove_padding": "actor.use_remove_padding",
         "actor_rollout_ref.model.enable_gradient_checkpointing": "actor.gradient_checkpointing",
         "actor_rollout_ref.model.trust_remote_code": "actor.trust_remote_code",
@@ -225,6 +226,21 @@ _NO_ULYSSES = (
     "is the Megatron backend's (parallel.cp, parallel.sequence_parallel)"
 )
 
+_NO_ROW_CAP = (
+    "a cap on the rows read from the data files (Search-R1's verl fork; null, no cap, is its default): grpo "
+    "reads every row of data.train_files / data.val_files"
+)
+_GAE_ONLY = (
+    "GAE's discount / trace factor: verl reads it only in its gae and reinforce_plus_plus estimators (refused "
+    "here through algorithm.adv_estimator); its grpo and rloo, as grpo's, do not"
+)
+_DROPOUTS = ("attention_dropout", "embd_pdrop", "resid_pdrop")
+_NO_DROPOUT = (
+    "a dropout rate written into the model's config: grpo trains with the checkpoint's config as it is, and "
+    "the Qwen checkpoints verl's scripts train have no dropout (attention_dropout 0.0; embd_pdrop and "
+    "resid_pdrop are not read by them), so only 0 restates it"
+)
+
 # verl's deprecated global micro-batch sizes: verl divides each by the world size into its `_per_gpu` key.
 GLOBAL_MICRO_BATCH_KEYS = (f"{_A}.ppo_micro_batch_size", f"{_RO}.log_prob_micro_batch_size", f"{_R}.log_prob_micro_batch_size")
 
@@ -357,6 +373,11 @@ _FIXED_KEYS: Mapping[str, tuple[Any, str]] = MappingProxyType(
         ),
         "reward_model.reward_manager": (("naive", "dapo"), _REWARD_MANAGER),
         "reward.reward_manager.name": (("naive", "dapo"), _REWARD_MANAGER),
+        "data.train_data_num": ((None,), _NO_ROW_CAP),
+        "data.val_data_num": ((None,), _NO_ROW_CAP),
+        "algorithm.gamma": (ANY_VALUE, _GAE_ONLY),
+        "algorithm.lam": (ANY_VALUE, _GAE_ONLY),
+        **{f"actor_rollout_ref.model.override_config.{name}": ((0.0, 0), _NO_DROPOUT) for name in _DROPOUTS},
     }
 )
 
