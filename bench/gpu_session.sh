@@ -3,7 +3,8 @@
 #   alloc            the real-CUDA allocator test (packages/device)
 #   tests[=EXPR]     the Megatron GPU tests and the torch backend's offload test (pytest -k EXPR when given)
 #   train[=ARGS]     bench/megatron_gpu_train.py (train() megatron vs torch; ARGS comma-separated)
-#   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable; one process per spec)
+#   mfu=SPEC         bench/megatron_gpu_run.py --mfu SPEC --profile (repeatable; one process per spec;
+#                    MFU_TRACE=1 also writes each profiled update's Chrome trace: bench/trace_gaps.py)
 #   oldmfu=SPEC      the same from an older commit's tree in .old/ (its own bench and packages), for a
 #                    profile of that commit beside HEAD's in one call: bash bench/gpu_old_tree.sh COMMIT
 #                    here, then carry [".old"] (needs the wheel folders as mfu does)
@@ -107,7 +108,7 @@ done
 # One process per spec: a model left allocated by the spec before would count in the next one's
 # peak memory (seen: 131.8 GiB instead of 81.7, and an OOM).
 for ((i = 0; i < ${#specs[@]}; i += 2)); do
-  timeout 540 python3 bench/megatron_gpu_run.py --out "$OUT/mfu_$((i / 2))" --phases mfu --profile "${specs[i]}" "${specs[i + 1]}" 2>&1 \
+  timeout 540 python3 bench/megatron_gpu_run.py --out "$OUT/mfu_$((i / 2))" --phases mfu --profile ${MFU_TRACE:+--trace} "${specs[i]}" "${specs[i + 1]}" 2>&1 \
     | grep -v "Loading weights\|Writing model" >> "$OUT/mfu.log" || status=1
 done
 [ ${#specs[@]} -gt 0 ] && grep '^{"family"' "$OUT/mfu.log"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +29,7 @@ import torch
 H200_BF16_DENSE_PEAK = 989e12
 RESULTS: dict[str, Any] = {}
 PROFILE = False
+TRACE_DIR: Path | None = None  # --trace: the profiled update's Chrome trace, gzipped (bench/trace_gaps.py reads it)
 CPU_OPTIMIZER = {
     "optimizer_offload": True,
     "optimizer_offload_fraction": 1.0,
@@ -341,6 +343,10 @@ def profile_update(backend: Any, batch: Any, top: int = 40) -> dict[str, Any]:
         backend.update(batch, num_mini_batches=1, ppo_epochs=1)
         torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - start) * 1e3
+    if TRACE_DIR is not None:
+        trace = TRACE_DIR / f"trace_{len(list(TRACE_DIR.glob('trace_*.json.gz')))}.json"
+        prof.export_chrome_trace(str(trace))
+        subprocess.run(["gzip", "-f", str(trace)], check=True)
     averages = prof.key_averages()
     # A `record_function` range (torch's "Optimizer.step#AdamW.step") is a device event too: its
     # time is that of the kernels inside it, so counting it would count them twice.
@@ -491,9 +497,11 @@ def main() -> None:
         help="family(qwen3moe|qwen35moe),layers,experts,topk,moe_ffn,hidden,batch,seq,micro (repeatable)",
     )
     parser.add_argument("--profile", action="store_true", help="profile one update of each MFU model")
+    parser.add_argument("--trace", action="store_true", help="with --profile: write its Chrome trace to --out")
     args = parser.parse_args()
-    global PROFILE
+    global PROFILE, TRACE_DIR
     PROFILE = args.profile
+    TRACE_DIR = args.out if args.trace else None
     args.out.mkdir(parents=True, exist_ok=True)
     RESULTS["device"] = torch.cuda.get_device_name()
     jobs: list[tuple[str, Any]] = []
