@@ -85,7 +85,7 @@ def _main_grads_after_two_micro_batches(fused: bool, monkeypatch: pytest.MonkeyP
         out = ddp(x, torch.tensor(counts), torch.rand(tokens, generator=gen))
         (out.float() * upstream).sum().backward()
     weights = [w for e in experts.local_experts for w in (e.linear_fc1.weight, e.linear_fc2.weight)]
-    assert all(w.grad is None for w in weights)  # Megatron's hook took every gradient
+    assert all(w.grad is None for w in weights)  # added already, or taken by Megatron's hook
     return [w.main_grad.clone() for w in weights], [w.grad_added_to_main_grad for w in weights]
 
 
@@ -113,3 +113,20 @@ def test_main_grads_not_evenly_spaced_take_the_per_expert_path() -> None:
     assert not reversed_order and view.shape == (3, 2, 3)
     view.add_(1.0)
     assert buffer[:6].eq(1).all() and buffer[6:10].eq(0).all() and buffer[20:26].eq(1).all()
+
+
+def test_the_view_is_kept_while_the_buffer_stays_and_found_again_when_it_moves() -> None:
+    def experts_in(buffer: torch.Tensor, weights: list[torch.nn.Parameter]) -> None:
+        for index, w in enumerate(weights):  # Megatron's order: the last expert first
+            start = (len(weights) - 1 - index) * 8
+            w.main_grad = buffer[start : start + 6].view(2, 3)
+
+    weights = [torch.nn.Parameter(torch.zeros(2, 3)) for _ in range(3)]
+    experts_in(torch.zeros(24), weights)
+    view, reversed_order = grouped_experts._stacked_main_grads(tuple(weights))
+    assert reversed_order and grouped_experts._stacked_main_grads(tuple(weights))[0] is view
+    moved = torch.zeros(24)
+    experts_in(moved, weights)  # e.g. the gradient buffer freed and made again
+    again, _ = grouped_experts._stacked_main_grads(tuple(weights))
+    again.add_(torch.arange(3.0).view(3, 1, 1))  # in address order: expert 2, 1, 0
+    assert again is not view and moved[16:22].eq(2).all() and moved[8:14].eq(1).all() and moved[:6].eq(0).all()

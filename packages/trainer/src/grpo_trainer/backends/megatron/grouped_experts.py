@@ -7,8 +7,8 @@ and export are unchanged. Tokens arrive sorted by expert (the token dispatcher's
 
 Under Megatron's DDP each weight's fp32 `main_grad` is a view into one gradient buffer, where a
 layer's experts lie at equal distances: the backward adds the stacked gradient into all of them with
-one kernel (as TransformerEngine's fused weight-gradient accumulation does) and marks them
-`grad_added_to_main_grad`, instead of one add per expert weight and micro-batch in Megatron's hook
+one kernel (as TransformerEngine's fused weight-gradient accumulation does) and hands the weights no
+`.grad`, instead of one add and one Python hook per expert weight and micro-batch in Megatron's DDP
 (8,432 kernels an update at the 35B's 256 experts x 4 layers: docs/benchmarks.md).
 """
 
@@ -65,9 +65,29 @@ def _main_grads_as_one(weights: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor,
     return view, step < 0
 
 
+def _stacked_main_grads(weights: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, bool] | None:
+    """`_main_grads_as_one`, kept on the first weight while the same weights' gradient buffer stays
+    where it was (its first and last main gradients at the same addresses): the layout is fixed
+    from DDP's start, and looking it up costs host time on every backward of every layer."""
+    first, last = weights[0], weights[-1]
+    key = (len(weights), id(first), id(last))
+    cached = getattr(first, "_grpo_stacked_main_grads", None)
+    if cached is not None and cached[0] == key:
+        _, first_ptr, last_ptr, target = cached
+        if first.main_grad.data_ptr() == first_ptr and last.main_grad.data_ptr() == last_ptr:
+            return target
+    target = _main_grads_as_one(weights)
+    if target is not None:
+        first._grpo_stacked_main_grads = (key, first.main_grad.data_ptr(), last.main_grad.data_ptr(), target)
+    return target
+
+
 class _StackedExpertWeights(torch.autograd.Function):
     """`torch.stack` of a layer's expert weights whose backward adds the stacked gradient into their
-    main gradients at once where the buffer allows it (else Megatron's hook adds each one)."""
+    main gradients at once where the buffer allows it; the weights then get no `.grad` at all, so
+    neither autograd's accumulation nor Megatron's per-parameter hook runs for them (grpo's DDP runs
+    with `overlap_grad_reduce=False`, where that hook only adds and clears: `build.py`). Else each
+    weight's gradient goes on to Megatron's hook, which adds it."""
 
     @staticmethod
     def forward(ctx: Any, *weights: torch.Tensor) -> torch.Tensor:
@@ -75,19 +95,18 @@ class _StackedExpertWeights(torch.autograd.Function):
         return torch.stack(weights)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         weights = ctx.weights
-        target = _main_grads_as_one(weights)
+        target = _stacked_main_grads(weights)
         if target is None:
             for w in weights:
                 w.grad_added_to_main_grad = False  # Megatron's hook adds each one
-        else:
-            view, reversed_order = target
-            view.add_(grad.flip(0) if reversed_order else grad)
-            for w in weights:
-                w.grad_added_to_main_grad = True  # Megatron's hook skips the add
-        # The per-weight gradients handed on are views of `grad` (no copy); Megatron's hook drops them.
-        return grad.unbind(0)
+            return grad.unbind(0)
+        view, reversed_order = target
+        view.add_(grad.flip(0) if reversed_order else grad)
+        for w in weights:
+            w.grad_added_to_main_grad = True  # were a hook to see a gradient, it would not add it again
+        return (None,) * len(weights)
 
 
 def stack_expert_weights(weights: list[torch.Tensor]) -> torch.Tensor:
