@@ -32,6 +32,11 @@ SHARED_RECIPE_DIFFERENCES: Mapping[str, str] = {
     "network; the launchers log to the console, metrics.jsonl and TensorBoard, and logging.wandb=true adds W&B",
     "logging.tensorboard": "TensorBoard stands in for the seeds' Weights & Biases dashboard: it needs no account",
 }
+LOCAL_LAYERS_ON_GPU = (
+    "the GPU runs use grpo's local layers (SDPA attention, grouped GEMM experts, FLA's Gated DeltaNet), the "
+    "only ones ever run on the GPU machine; TransformerEngine's have not run there yet (its build: "
+    "docs/benchmarks.md, issue 46): set actor.megatron.transformer_impl=transformer_engine to try them"
+)
 MINDSPEED_OPTIONS = (
     "use_flash_attn / use_naive_l2norm are MindSpeed options, not megatron-core TransformerConfig "
     "fields: grpo does not forward them"

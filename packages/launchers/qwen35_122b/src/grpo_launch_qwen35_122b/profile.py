@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_launch import DeviceDelta, LaunchProfile
-from grpo_launch.profile import MINDSPEED_OPTIONS
+from grpo_launch.profile import LOCAL_LAYERS_ON_GPU, MINDSPEED_OPTIONS
 
 COMMON = {
     "project_name": "grpo-qwen35",
@@ -91,10 +91,15 @@ PROFILE = LaunchProfile(
                 "parallel": {"pp": 2, "ep": 8},
                 "actor": {
                     "log_prob_micro_batch_size_per_device": 1,
-                    "megatron": {"moe_router_load_balancing_type": "none", "apply_rope_fusion": False},
+                    "megatron": {
+                        "moe_router_load_balancing_type": "none",
+                        "apply_rope_fusion": False,
+                        "transformer_impl": "local",
+                    },
                 },
                 "rollout": {"tensor_parallel_size": 8, "gpu_memory_utilization": 0.66, "max_model_len": 15768},
             },
+            recipe_differences={"actor.megatron.transformer_impl": LOCAL_LAYERS_ON_GPU},
         ),
         "npu": DeviceDelta(
             config={

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_launch import DeviceDelta, LaunchProfile
-from grpo_launch.profile import MINDSPEED_OPTIONS
+from grpo_launch.profile import LOCAL_LAYERS_ON_GPU, MINDSPEED_OPTIONS
 
 COMMON = {
     "project_name": "grpo-qwen35",
@@ -87,8 +87,10 @@ PROFILE = LaunchProfile(
             config={
                 "device": {"devices_per_node": 8},
                 "parallel": {"pp": 1},
+                "actor": {"megatron": {"transformer_impl": "local"}},
                 "rollout": {"gpu_memory_utilization": 0.6},
             },
+            recipe_differences={"actor.megatron.transformer_impl": LOCAL_LAYERS_ON_GPU},
         ),
         "npu": DeviceDelta(
             config={
