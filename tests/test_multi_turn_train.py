@@ -41,6 +41,8 @@ def tool_run(ray_cluster, tmp_path_factory, short_calculator_turns):
 
 
 def test_a_step_calls_tools_and_trains_on_the_sampled_ids_only(tool_run) -> None:
+    """With `rollout.multi_turn.enable` (the `short_calculator_turns` fixture) each step calls the
+    calculator, and the metrics count the turns and the tool tokens left out of training."""
     result, records = tool_run
     assert result.final_step == 2
     steps = [r for r in records.values() if "multi_turn/call_rate" in r]
