@@ -56,11 +56,13 @@ def megatron_cfg(
     fused_rope: bool = False,
     attention: str = "auto",
     cpu_optimizer: bool = False,
+    transformer_engine: bool = False,
 ) -> Any:
     from grpo_config.schema import ActorConfig, DataConfig, MegatronConfig, TrainerConfig
 
     mc = MegatronConfig(
-        transformer_impl="local",
+        # +te: TransformerEngine's layers (the GPU machine needs it carried and built: docs/benchmarks.md)
+        transformer_impl="transformer_engine" if transformer_engine else "local",
         moe_grouped_gemm=grouped_experts,  # local layers: torch._grouped_mm experts
         moe_permute_fusion=fused_permutation,  # local layers: grpo's gather permutation
         apply_rope_fusion=fused_rope,  # local layers: megatron-core's rotary function compiled
@@ -433,6 +435,7 @@ def phase_mfu(spec: str) -> None:
         fused_rope="rope" in options,
         attention="unfused" if "unfused" in options else "auto",
         cpu_optimizer="cpuopt" in options,
+        transformer_engine="te" in options,
     )
     backend = Actor.for_config(cfg, MegatronBackend.for_config(cfg, model_path=str(model_path)))
     ids = torch.randint(3, config.vocab_size, (batch, seq))
