@@ -36,8 +36,13 @@ for d in .vx1 .vx2 .whl .whl2 .whl3 .rayw; do
   grep -qxF "/$d/" "$EXC" 2>/dev/null || echo "/$d/" >> "$EXC"
   rm -rf "${ROOT:?}/$d" && mkdir -p "$ROOT/$d"
 done
-# .kcache is not built here: it holds the kernel caches a device call packed (bench/gpu_session.sh)
+# .kcache is not built here: it holds the kernel caches a device call packed (bench/gpu_session.sh's
+# $OUT/kernels.tar.xz). Saved as $KCACHE after a session, the next checkout carries them again.
 grep -qxF "/.kcache/" "$EXC" 2>/dev/null || echo "/.kcache/" >> "$EXC"
+KCACHE=${KCACHE:-$HOME/.cache/grpo-gpu/kernels.tar.xz}
+if [ -f "$KCACHE" ] && [ ! -f "$ROOT/.kcache/kernels.tar.xz" ]; then
+  mkdir -p "$ROOT/.kcache" && cp "$KCACHE" "$ROOT/.kcache/" && echo ".kcache: the kernel caches of $KCACHE"
+fi
 
 pin() { echo "$PLAN" | awk -v n="$1" '$2 ~ "^"n"==" {print $2}'; }
 # vLLM, stripped of what a GPU machine running offline vllm.LLM does not load.
