@@ -25,23 +25,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from trace_gaps import CUDA_SYNC_CALLS  # this script's folder: run as bench/megatron_gpu_run.py
 
 H200_BF16_DENSE_PEAK = 989e12
 RESULTS: dict[str, Any] = {}
 PROFILE = False
 TRACE_DIR: Path | None = None  # --trace: the profiled update's Chrome trace, gzipped (bench/trace_gaps.py reads it)
-CPU_OPTIMIZER = {
-    "optimizer_offload": True,
-    "optimizer_offload_fraction": 1.0,
-    "override_optimizer_config": {
-        "overlap_cpu_optimizer_d2h_h2d": True,
-        "use_precision_aware_optimizer": True,
-        "optimizer_cpu_offload": True,
-    },
-}
-# CUDA runtime calls counted in a profiled update: kernel launches, and what blocks the host.
+# The 35B GPU profile's optimizer settings (Adam on the CPU, its transfers overlapped), for `+cpuopt`.
+CPU_OPTIMIZER_KEYS = ("optimizer_offload", "optimizer_offload_fraction", "override_optimizer_config")
+# CUDA runtime calls counted in a profiled update: kernel launches, and what blocks the host (the
+# runtime's own synchronising calls, as bench/trace_gaps.py counts them, and torch's read-backs).
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense")
+SYNC_CALLS = (*sorted(CUDA_SYNC_CALLS), "aten::_local_scalar_dense")
+
+
+def profile_cpu_optimizer() -> dict[str, Any]:
+    from grpo_launch_qwen35_35b.profile import COMMON
+
+    megatron = COMMON["actor"]["megatron"]
+    return {key: megatron[key] for key in CPU_OPTIMIZER_KEYS}
 
 
 def megatron_cfg(
@@ -74,8 +76,7 @@ def megatron_cfg(
         # rule: FLA 0.6's backward refuses Triton < 3.7.1 on Hopper (wrong gradients), and the GPU
         # machine has Triton 3.6.0.
         override_transformer_config={"deterministic_mode": True} if torch_gdn else {},
-        # +cpuopt: the 35B GPU profile's optimizer (Adam on the CPU, its transfers overlapped).
-        **(CPU_OPTIMIZER if cpu_optimizer else {}),
+        **(profile_cpu_optimizer() if cpu_optimizer else {}),
     )
     actor = ActorConfig(
         model_path=model_path,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
-SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
+CUDA_SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -69,7 +69,7 @@ def analyse(events: list[dict[str, Any]], *, min_gap_us: float = 20.0, frames: i
     span = end - gpu[0][0]
     syncs: dict[str, list[float]] = defaultdict(list)
     for e in events:
-        if e.get("cat") == "cuda_runtime" and e["name"] in SYNC_CALLS:
+        if e.get("cat") == "cuda_runtime" and e["name"] in CUDA_SYNC_CALLS:
             syncs[e["name"]].append(float(e.get("dur", 0)))
     by_code = sorted(gaps.items(), key=lambda item: -sum(item[1]))
     return {
