@@ -5,7 +5,8 @@ The kernel count it saves is measured on the GPU (bench/megatron_gpu_run.py --pr
 
 from __future__ import annotations
 
-import socket
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ import torch
 pytest.importorskip("megatron.core")
 
 from grpo_trainer.backends.megatron import grouped_experts
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cpu_ranks import free_port
 
 pytestmark = pytest.mark.megatron
 
@@ -49,10 +53,7 @@ def one_rank(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # DDP's buffers: no GPU here
     started_here = not dist.is_initialized()
     if started_here:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel()
     yield

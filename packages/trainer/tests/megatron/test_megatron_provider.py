@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import socket
 import sys
 from pathlib import Path
 
@@ -30,6 +29,8 @@ pytestmark = [
 ]
 
 sys.path.insert(0, str(Path(__file__).parent))
+from cpu_ranks import free_port  # noqa: E402
+
 from grpo_tiny import hf_models  # noqa: E402
 
 LOCAL = MegatronConfig(
@@ -143,12 +144,6 @@ def test_local_rmsnorm_matches_the_hf_norms(zero_centred: bool) -> None:
     torch.testing.assert_close(ours(x), theirs(x), atol=0, rtol=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.skipif(
     importlib.util.find_spec("fla") is None, reason="Qwen3.5's Gated DeltaNet needs flash-linear-attention"
 )
@@ -169,7 +164,7 @@ def test_local_qwen35_moe_spec_round_trips_hf_weights_exactly(
     )
     started_here = not dist.is_initialized()
     if started_here:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         bridge = auto_bridge.from_hf_pretrained(str(qwen35_path), torch_dtype=torch.bfloat16)
         provider = bridge.to_megatron_provider(load_weights=True)
